@@ -1,0 +1,106 @@
+"""The ``opdgrpo`` command: what Snakemake's thin rules call, and what a user runs by hand.
+
+Subcommands: ``plan`` (print the jobs), ``tokenizer``, ``pretrain``, ``train`` (one job each, given its
+resolved config as JSON), ``report`` and ``savings``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Sequence
+
+
+def _job_config(args) -> dict:
+    if args.config_json:
+        return json.loads(args.config_json)
+    return json.loads(Path(args.config_file).read_text())
+
+
+def _add_job_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, type=Path, help="the job's output directory")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--config-json", help="the job's resolved config as a JSON string (what Snakemake passes)")
+    group.add_argument("--config-file", help="the job's resolved config in a JSON file")
+
+
+def cmd_plan(args) -> int:
+    from .config import compose
+    from .plan import build_plan
+
+    plan = build_plan(compose(args.overrides, args.conf_dir))
+    for job in plan.jobs.values():
+        print(f"{job.id:40s} {job.kind:9s} studies={','.join(job.studies) or '-':20s} upstream={','.join(job.upstream)}")
+    return 0
+
+
+def cmd_tokenizer(args) -> int:
+    from .tokenizer import build_tokenizer, save_tokenizer
+    from .runio import write_json
+
+    cfg = _job_config(args)
+    tok = build_tokenizer(cfg["domains"], int(cfg["tokenizer"]["vocab_size"]), int(cfg["tokenizer"]["samples_per_domain"]), int(cfg["seed"]))
+    save_tokenizer(tok, args.out)
+    write_json(args.out / "done.json", {"vocab_size": len(tok)})
+    return 0
+
+
+def cmd_pretrain(args) -> int:
+    from .pretrain import pretrain
+
+    summary = pretrain(_job_config(args), args.out)
+    print(json.dumps({k: summary[k] for k in ("model", "steps", "parameters", "heldout", "wall_s")}))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .train import Interrupted, train
+
+    try:
+        summary = train(_job_config(args), args.out)
+    except Interrupted as err:
+        print(err, file=sys.stderr)
+        return 130
+    print(json.dumps({k: summary[k] for k in ("run", "steps", "cumulative_flops", "final_eval", "wall_s")}))
+    return 0
+
+
+def _forward(module: str, argv: Sequence[str]) -> int:
+    """``report`` and ``savings`` own their argument parsers; pass the rest of the line through."""
+    import importlib
+
+    return importlib.import_module(module).main(list(argv)) or 0
+
+
+FORWARDED = {"report": "opdgrpo.report.build", "savings": "opdgrpo.report.savings"}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in FORWARDED:
+        return _forward(FORWARDED[argv[0]], argv[1:])
+    parser = argparse.ArgumentParser(prog="opdgrpo", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plan", help="print the jobs the config plans")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. profile=smoke methods.opd.lr=1e-4")
+    p.add_argument("--conf-dir", type=Path, default=None)
+    p.set_defaults(func=cmd_plan)
+    for name, func in (("tokenizer", cmd_tokenizer), ("pretrain", cmd_pretrain), ("train", cmd_train)):
+        p = sub.add_parser(name, help=f"run one {name} job")
+        _add_job_args(p)
+        p.set_defaults(func=func)
+    sub.add_parser("report", help="build the report from run directories (opdgrpo report --help)")
+    sub.add_parser("savings", help="matched-accuracy savings of experts + OPD against joint GRPO (opdgrpo savings --help)")
+    args = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""Verifiable domains by kind; a domain's config names its kind (``kind: arithmetic``)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .base import Domain, Task
+from .code import CodeDomain
+from .math import MathDomain
+
+KINDS = {"arithmetic": MathDomain, "function_synthesis": CodeDomain}
+
+
+def build_domain(cfg: Mapping[str, Any]) -> Domain:
+    kind = cfg.get("kind")
+    if kind not in KINDS:
+        raise ValueError(f"domain {cfg.get('name')!r}: unknown kind {kind!r}; known kinds: {sorted(KINDS)}")
+    return KINDS[kind](cfg)
+
+
+__all__ = ["Domain", "Task", "build_domain", "KINDS"]

@@ -1,0 +1,114 @@
+"""Code: the tiny world's stand-in for LiveCodeBench.
+
+The prompt shows a function's values at a few inputs and opens its definition, e.g.
+``code f(0)=3 f(1)=7 f(2)=11 def f(x):``. The model writes the body; the program is executed in the
+sandbox (:mod:`opdgrpo.execution`) against hidden inputs it never saw, so a memorised table of the
+visible values fails. A brief student writes ``return x*4+3``; a thinking teacher writes code that
+works it out (``b=3``, ``a=7-b``, ``return x*a+b`` on separate lines). Reward: all hidden tests pass
+(``reward: all``, as pass@1) or the fraction passed (``reward: fraction``).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Mapping, Sequence
+
+from ..execution import ProgramCheck, check_programs
+from .base import Task, check_style, stable_fraction
+
+
+def _linear(expr: str) -> bool:
+    return "x*x" not in expr
+
+
+class CodeDomain:
+    """Functions of one integer from a few families; see ``conf/domain/code.yaml``."""
+
+    def __init__(self, cfg: Mapping[str, Any]):
+        self.name = str(cfg.get("name", "code"))
+        self.cfg = cfg
+        self.prefix = str(cfg["prompt_prefix"])
+        self.visible_x = [int(x) for x in cfg["visible_x"]]
+        self.hidden_x = [int(x) for x in cfg["hidden_x"]]
+        self.reward = str(cfg["reward"])
+        if self.reward not in ("all", "fraction"):
+            raise ValueError(f"domain {self.name}: reward must be 'all' or 'fraction', got {self.reward!r}")
+        self.sandbox = dict(cfg["sandbox"])
+        self._space = self._instance_space()
+
+    def _instance_space(self) -> list[tuple[str, bool]]:
+        """Every distinct function (expression, reserved-for-held-out), in a fixed order."""
+        a_lo, a_hi = self.cfg["a_range"]
+        b_lo, b_hi = self.cfg["b_range"]
+        seen: dict[tuple, str] = {}
+        for family in self.cfg["families"]:
+            for a in range(int(a_lo), int(a_hi) + 1):
+                for b in range(int(b_lo), int(b_hi) + 1):
+                    expr = family.format(a=a, b=b)
+                    signature = tuple(eval(expr, {}, {"x": x}) for x in self.visible_x + self.hidden_x)  # noqa: S307 - our own templates
+                    seen.setdefault(signature, expr)
+        fraction = float(self.cfg["heldout_fraction"])
+        return [(expr, stable_fraction(expr, salt=self.name) < fraction) for expr in sorted(seen.values())]
+
+    def _task(self, expr: str) -> Task:
+        values = {x: eval(expr, {}, {"x": x}) for x in self.visible_x + self.hidden_x}  # noqa: S307
+        shown = " ".join(f"f({x})={values[x]}" for x in self.visible_x)
+        tests = tuple(((x,), values[x]) for x in self.hidden_x)
+        return Task(self.name, f"{self.prefix}{shown} def f(x):", tests, {"expression": expr, "values": values})
+
+    def _pool(self, reserved: bool, size: int | None, seed: str) -> list[Task]:
+        exprs = [e for e, r in self._space if r == reserved]
+        if size is not None:
+            if size > len(exprs):
+                raise ValueError(
+                    f"domain {self.name}: asked for {size} {'held-out' if reserved else 'training'} functions but "
+                    f"only {len(exprs)} exist; widen a_range/b_range/families or lower the size"
+                )
+            exprs = random.Random(seed).sample(exprs, size)
+        return [self._task(e) for e in exprs]
+
+    # -- the Domain interface -----------------------------------------------------------------
+    def training_pool(self) -> list[Task]:
+        return self._pool(False, self.cfg["train"].get("size"), f"{self.name}-train")
+
+    def heldout_sets(self) -> dict[str, list[Task]]:
+        return {
+            name: self._pool(True, spec.get("size"), f"{self.name}-heldout-{name}")
+            for name, spec in self.cfg["heldout"].items()
+        }
+
+    def pretraining_task(self, rng: random.Random) -> Task:
+        while True:
+            expr, reserved = rng.choice(self._space)
+            if not reserved:
+                return self._task(expr)
+
+    def demonstration(self, task: Task, style: str) -> str:
+        check_style(style)
+        expr, values = task.meta["expression"], task.meta["values"]
+        if style == "brief":
+            return f" return {expr}"
+        x0, x1 = self.visible_x[0], self.visible_x[1]
+        if _linear(expr):
+            b = values[0] if x0 == 0 else None
+            if b is not None and x1 == 1:
+                return f"\n b={values[0]}\n a={values[1]}-b\n return x*a+b"
+            return f"\n return {expr}"
+        if expr.startswith("x*x*"):
+            return f"\n a={values[1]}\n return x*x*a"
+        return f"\n b={values[0]}\n return x*x+b"
+
+    def program(self, completion: str) -> str:
+        return "def f(x):" + completion + "\n"
+
+    def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
+        checks = [ProgramCheck(self.program(c), "f", t.answer) for t, c in zip(tasks, completions, strict=True)]
+        outcomes = check_programs(
+            checks,
+            per_test_timeout_s=float(self.sandbox["per_test_timeout_s"]),
+            batch_timeout_s=float(self.sandbox["batch_timeout_s"]),
+            memory_mb=int(self.sandbox["memory_mb"]),
+        )
+        if self.reward == "all":
+            return [float(o.all_passed) for o in outcomes]
+        return [o.fraction for o in outcomes]

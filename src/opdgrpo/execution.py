@@ -1,0 +1,394 @@
+"""Check many small model-written Python functions against hidden tests, fast, in the sandbox.
+
+This is the reward of the code domain: a training step scores hundreds of completions, and one
+sandboxed interpreter per completion (~20 ms each) would dominate the step. So :func:`check_programs`
+
+1. deduplicates identical checks (a GRPO group often repeats a completion);
+2. runs ONE harness program per batch through :func:`opdgrpo.sandbox.run_python`, with the items
+   embedded as a JSON literal. The harness forks a fresh process per item (so items cannot see or
+   corrupt each other's globals), in its own process group and with stdio on ``/dev/null``. Each test
+   call (and the module's own top-level code) runs under a ``setitimer`` alarm; the harness also
+   enforces a per-item deadline and SIGKILLs a stuck item. Results come back through a pipe and the
+   harness prints one JSON line per item, as it finishes;
+3. if the batch run does not end ``"ok"`` or its output stops parsing, keeps the items whose lines
+   arrived intact and in order, runs the item that was in flight alone (its own ``run_python``), and
+   runs the rest as a new batch. So a program that kills or floods its harness costs its batch-mates
+   nothing but a restart, and is scored on its own.
+
+The expected values never enter the sandbox: the harness returns what each call returned (as JSON)
+and the comparison ``result == expected`` happens here, after a JSON round trip of both sides (so
+tuples equal lists, ``3 == 3.0`` and ``True == 1`` as in Python, and a result that is not
+JSON-serialisable fails). A program therefore cannot pass by printing a fake verdict or by returning
+an object whose ``__eq__`` always says yes. Test arguments reach the function as JSON values (lists,
+not tuples). Only the standard library is importable in the sandbox.
+
+Outcome statuses (one word): ``"ok"`` (every test ran; some may still be wrong), ``"syntax"``
+(does not compile; passed 0), ``"runtime"`` (a test raised, the module's own code raised, the function
+is missing, or the process died), ``"timeout"`` (a test or the module hit its time limit; the item
+stops at the first one), ``"memory"`` (MemoryError), ``"sandbox"`` (the program broke the harness's
+protocol or the sandbox failed; passed 0).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .sandbox import SandboxResult, run_python
+
+__all__ = ["ProgramCheck", "CheckOutcome", "check_programs"]
+
+log = logging.getLogger(__name__)
+
+_SEVERITY = {"ok": 0, "runtime": 1, "memory": 2, "timeout": 3}
+_ITEM_SLACK_S = 0.5  # per item, on top of one time limit per test plus one for the module's own code
+_STARTUP_S = 3.0  # sandbox start-up allowance for a run of one item
+
+
+@dataclass(frozen=True)
+class ProgramCheck:
+    """A program and the hidden tests of one function in it.
+
+    ``tests`` is ``((args_tuple, expected_result), ...)`` with JSON-serialisable values.
+    """
+
+    source: str
+    func_name: str
+    tests: tuple[tuple[tuple, object], ...]
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    passed: int
+    total: int
+    status: str
+
+    @property
+    def fraction(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+    @property
+    def all_passed(self) -> bool:
+        return self.total > 0 and self.passed == self.total
+
+
+@dataclass(frozen=True)
+class _Item:
+    check: ProgramCheck
+    expected: tuple[Any, ...]  # JSON round-tripped
+    payload: dict[str, Any]  # what the harness gets: no expected values
+
+
+def check_programs(
+    checks: Sequence[ProgramCheck],
+    per_test_timeout_s: float = 0.5,
+    batch_timeout_s: float = 30.0,
+    memory_mb: int = 512,
+    *,
+    workers: int | None = None,
+) -> list[CheckOutcome]:
+    """Score each check; returns one :class:`CheckOutcome` per input, in order.
+
+    ``per_test_timeout_s`` bounds each call (and the module's top-level code); ``batch_timeout_s``
+    bounds one harness run; ``memory_mb`` is the address-space limit of every process. Unique items
+    are split round-robin over ``workers`` concurrent harness runs (default: CPU count, at most 4).
+    """
+    if per_test_timeout_s <= 0 or batch_timeout_s <= 0:
+        raise ValueError("per_test_timeout_s and batch_timeout_s must be positive")
+    index_of: dict[str, int] = {}
+    items: list[_Item] = []
+    order: list[int] = []
+    for check in checks:
+        item = _item(check)
+        key = json.dumps([check.source, check.func_name, item.payload["args"], item.expected])
+        if key not in index_of:
+            index_of[key] = len(items)
+            items.append(item)
+        order.append(index_of[key])
+    if not items:
+        return []
+    n_workers = max(1, min(workers or min(4, os.cpu_count() or 1), len(items)))
+    shards = [list(range(k, len(items), n_workers)) for k in range(n_workers)]
+    scored: dict[int, CheckOutcome] = {}
+
+    def run_shard(shard: list[int]) -> dict[int, CheckOutcome]:
+        return _score_all(shard, items, per_test_timeout_s, batch_timeout_s, memory_mb)
+
+    if n_workers == 1:
+        scored.update(run_shard(shards[0]))
+    else:
+        with ThreadPoolExecutor(n_workers) as pool:
+            for part in pool.map(run_shard, shards):
+                scored.update(part)
+    return [scored[i] for i in order]
+
+
+def _item(check: ProgramCheck) -> _Item:
+    if not isinstance(check.source, str) or not isinstance(check.func_name, str):
+        raise TypeError("ProgramCheck.source and func_name must be str")
+    try:
+        args = [json.loads(json.dumps(list(a))) for a, _ in check.tests]
+        expected_text = [json.dumps(e) for _, e in check.tests]
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"tests of {check.func_name!r} must be ((args_tuple, expected), ...) of JSON values: {exc}"
+        ) from exc
+    # A result much longer than the expected one cannot equal it; cap it so replies stay small.
+    caps = [4 * len(text) + 256 for text in expected_text]
+    payload = {"source": check.source, "func": check.func_name, "args": args, "caps": caps}
+    return _Item(check, tuple(json.loads(t) for t in expected_text), payload)
+
+
+def _score_all(
+    pending: list[int], items: list[_Item], per_test_s: float, batch_s: float, memory_mb: int
+) -> dict[int, CheckOutcome]:
+    """Batch, keep the intact prefix, run the item in flight alone, batch the rest; repeat."""
+    scored: dict[int, CheckOutcome] = {}
+    while pending:
+        alone = len(pending) == 1
+        timeout = _item_budget(items[pending[0]], per_test_s) + _STARTUP_S if alone else batch_s
+        result = _run_harness([items[i] for i in pending], per_test_s, timeout, memory_mb)
+        records = _parse(result.stdout, len(pending))
+        for i, record in zip(pending, records):
+            scored[i] = _score(items[i], record)
+        if len(records) == len(pending):
+            break
+        suspect = pending[len(records)]
+        if alone:
+            scored[suspect] = _failed(items[suspect], result)
+            break
+        log.info("harness batch of %d ended %r after %d items; running the next one alone",
+                 len(pending), result.status, len(records))  # fmt: skip
+        scored.update(_score_all([suspect], items, per_test_s, batch_s, memory_mb))
+        pending = pending[len(records) + 1 :]
+    return scored
+
+
+def _item_budget(item: _Item, per_test_s: float) -> float:
+    return per_test_s * (len(item.expected) + 1) + _ITEM_SLACK_S
+
+
+def _run_harness(batch: list[_Item], per_test_s: float, timeout_s: float, memory_mb: int) -> SandboxResult:
+    payload = json.dumps({"timeout": per_test_s, "slack": _ITEM_SLACK_S, "items": [it.payload for it in batch]})
+    source = f"{_HARNESS}\nmain(json.loads({payload!r}))\n"
+    cap = 4096 + sum(sum(it.payload["caps"]) + 64 * (len(it.expected) + 4) for it in batch)
+    return run_python(source, timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=cap,
+                      cpu_s=timeout_s + 1)  # fmt: skip
+
+
+def _parse(stdout: str, n: int) -> list[dict[str, Any]]:
+    """The complete, well-formed records at the start of the harness output, in order."""
+    records: list[dict[str, Any]] = []
+    lines = stdout.split("\n")[:-1]  # the last piece is empty or a line cut short
+    for line in lines[:n]:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            break
+        if not (isinstance(record, dict) and record.get("i") == len(records) and isinstance(record.get("log"), list)):
+            break
+        records.append(record)
+    return records
+
+
+def _score(item: _Item, record: dict[str, Any]) -> CheckOutcome:
+    """Turn one harness record into an outcome, comparing returned values with the expected ones."""
+    total = len(item.expected)
+    entries, end = record["log"], record.get("end")
+    if end == "protocol" or not all(isinstance(e, list) and e for e in entries):
+        return CheckOutcome(0, total, "sandbox")
+    died = "timeout" if end == "timeout" else "runtime"
+    if not entries:
+        return CheckOutcome(0, total, died)
+    head, results = entries[0], entries[1:]
+    if head[0] != "c":
+        status = {"s": "syntax", "t": "timeout", "n": "runtime"}.get(head[0])
+        if head[0] == "x":
+            status = "memory" if head[1:] == ["MemoryError"] else "runtime"
+        return CheckOutcome(0, total, status or "sandbox")
+    if len(results) > total:
+        return CheckOutcome(0, total, "sandbox")
+    passed, status = 0, "ok"
+    for expected, entry in zip(item.expected, results):
+        kind = entry[0]
+        if kind == "v" and len(entry) == 2 and entry[1] == expected:
+            passed += 1
+        elif kind == "t":
+            status = _worse(status, "timeout")
+        elif kind == "e":
+            status = _worse(status, "memory" if entry[1:] == ["MemoryError"] else "runtime")
+    if len(results) < total:
+        status = _worse(status, died)
+    return CheckOutcome(passed, total, status)
+
+
+def _worse(a: str, b: str) -> str:
+    return a if _SEVERITY[a] >= _SEVERITY[b] else b
+
+
+def _failed(item: _Item, result: SandboxResult) -> CheckOutcome:
+    """An item run alone that produced no usable record: its sandbox status says why."""
+    status = result.status if result.status in ("timeout", "memory") else "sandbox"
+    if result.status == "cpu":
+        status = "timeout"
+    return CheckOutcome(0, len(item.expected), status)
+
+
+# The harness: the program run in the sandbox. `main(payload)` is appended with the items.
+# Per item, the forked child sends JSON lines on a pipe: a header (["c"] compiled and found the
+# function, ["s"] syntax error, ["x", exc] module code raised, ["t"] module code timed out,
+# ["n"] no such function) and then per test ["v", value], ["e", exc], ["t"] (and stop),
+# ["u"] not JSON-serialisable, ["b"] longer than the cap. The parent re-encodes what it parsed, so
+# nothing the child writes reaches stdout verbatim.
+_HARNESS = r'''
+import json, os, select, signal, sys, time
+
+_exit, _write, _dumps = os._exit, os.write, json.dumps  # bound before any user code runs
+
+
+class _Timeout(BaseException):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _Timeout()
+
+
+def _send(fd, text):
+    data = (text + "\n").encode("utf-8", "replace")
+    while data:
+        data = data[_write(fd, data):]
+
+
+def _child(item, fd, limit):
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for target in (0, 1, 2):
+            os.dup2(devnull, target)
+        signal.signal(signal.SIGALRM, _on_alarm)
+        try:
+            code = compile(item["source"], "<solution>", "exec")
+        except BaseException:
+            _send(fd, '["s"]')
+            return
+        namespace = {"__name__": "solution", "__builtins__": __builtins__}
+        try:
+            signal.setitimer(signal.ITIMER_REAL, limit)
+            try:
+                exec(code, namespace)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except _Timeout:
+            _send(fd, '["t"]')
+            return
+        except BaseException as exc:
+            _send(fd, _dumps(["x", type(exc).__name__]))
+            return
+        func = namespace.get(item["func"])
+        if not callable(func):
+            _send(fd, '["n"]')
+            return
+        _send(fd, '["c"]')
+        for args, cap in zip(item["args"], item["caps"]):
+            try:
+                signal.setitimer(signal.ITIMER_REAL, limit)
+                try:
+                    value = func(*args)
+                    try:
+                        text = _dumps(value)
+                    except Exception:
+                        text = None
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            except _Timeout:
+                _send(fd, '["t"]')
+                return
+            except BaseException as exc:
+                _send(fd, _dumps(["e", type(exc).__name__]))
+                continue
+            if text is None:
+                _send(fd, '["u"]')
+            elif len(text) > cap:
+                _send(fd, '["b"]')
+            else:
+                _send(fd, '["v",' + text + "]")
+    finally:
+        _exit(0)
+
+
+def _run_item(index, item, limit, slack):
+    budget = limit * (len(item["args"]) + 1) + slack
+    max_bytes = sum(item["caps"]) + 64 * (len(item["args"]) + 4)
+    record = {"i": index, "log": [], "end": None}
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        try:
+            os.setpgid(0, 0)
+        except OSError:
+            pass
+        _child(item, write_end, limit)
+    try:
+        os.setpgid(pid, pid)  # also here, so the kill below cannot race the child's own setpgid
+    except OSError:
+        pass
+    os.close(write_end)
+    deadline = time.monotonic() + budget
+    data = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            record["end"] = "timeout"
+            break
+        if not select.select([read_end], [], [], left)[0]:
+            continue
+        chunk = os.read(read_end, 65536)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > max_bytes:
+            record["end"] = "protocol"
+            break
+    os.close(read_end)
+    for kill in (os.killpg, os.kill):  # the item and anything it started in its group
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    os.waitpid(pid, 0)
+    if OWN_PID_NAMESPACE:  # also whatever escaped the group (setsid); PID 1 and we are spared
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+    for line in data.split(b"\n")[:-1]:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            record["end"] = "protocol"
+            break
+        if not isinstance(entry, list) or not entry:
+            record["end"] = "protocol"
+            break
+        record["log"].append(entry)
+    return record
+
+
+def main(payload):
+    global OWN_PID_NAMESPACE
+    OWN_PID_NAMESPACE = os.environ.get("OPDGRPO_SANDBOX_PIDNS") == "1" and os.getpid() == 2
+    limit, slack = payload["timeout"], payload["slack"]
+    for index, item in enumerate(payload["items"]):
+        try:
+            record = _run_item(index, item, limit, slack)
+        except OSError:  # fork or pipe failed: report nothing more; the caller reruns the rest
+            break
+        sys.stdout.write(json.dumps(record) + "\n")
+        sys.stdout.flush()
+'''

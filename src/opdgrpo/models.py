@@ -1,0 +1,44 @@
+"""Model construction and loading.
+
+Tiny models are ``transformers.Qwen3ForCausalLM`` built from an architecture block in conf
+(``conf/model/*.yaml``); paper-scale models load with ``from_pretrained``. Either way a checkpoint on
+disk is a Hugging Face directory, so every stage loads its upstream with the same call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
+
+# Keys of a conf/model block that are ours, not Qwen3Config's.
+_OWN_KEYS = {"name", "source", "pretrain", "dtype"}
+
+
+def build_model(arch: Mapping[str, Any], vocab_size: int, pad_token_id: int, eos_token_id: int, seed: int) -> PreTrainedModel:
+    """A freshly initialised Qwen3-architecture model; eager attention so FLOP counts are checkable."""
+    kwargs = {k: v for k, v in arch.items() if k not in _OWN_KEYS}
+    config = Qwen3Config(
+        vocab_size=vocab_size, pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=eos_token_id, **kwargs
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config.pad_token_id = pad_token_id
+    model.generation_config.eos_token_id = eos_token_id
+    return model
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, trainable: bool = True) -> PreTrainedModel:
+    """Load a checkpoint directory (ours or a hub id at paper scale) with eager attention."""
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="eager")
+    model.train(trainable)
+    if not trainable:
+        model.requires_grad_(False)
+    return model
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

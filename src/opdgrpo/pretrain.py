@@ -1,0 +1,98 @@
+"""The base-model stage of the tiny world: supervised pretraining on synthetic demonstrations.
+
+The student learns to answer briefly (like a base model: partial accuracy, so GRPO has signal);
+teachers learn to answer step by step (like Qwen3 thinking models). Their FLOPs are logged in the
+ledger with ``counted: false``: as in the paper, pretraining is not post-training compute.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import flops as flop_formulas
+from .domains import build_domain
+from .evaluation import evaluate, heldout_for
+from .models import build_model, parameter_count
+from .runio import append_jsonl, rewrite_jsonl, write_json, write_yaml
+from .tokenizer import load_tokenizer
+
+
+def lr_at(step: int, total: int, warmup: int, min_ratio: float) -> float:
+    """Linear warm-up then cosine decay to ``min_ratio``; a multiplier of the base learning rate."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def demonstration_batch(tokenizer, domains, style: str, batch_size: int, rng: random.Random):
+    """Right-padded (input_ids, attention_mask, labels) with the loss on the answer and its EOS only."""
+    names = sorted(domains)
+    rows, labels = [], []
+    for _ in range(batch_size):
+        domain = domains[rng.choice(names)]
+        task = domain.pretraining_task(rng)
+        prompt = tokenizer(task.prompt, add_special_tokens=False)["input_ids"]
+        answer = tokenizer(domain.demonstration(task, style), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(prompt + answer)
+        labels.append([-100] * len(prompt) + answer)
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    label_ids = torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels])
+    return input_ids, attention, label_ids
+
+
+def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    torch.set_num_threads(int(cfg["threads"]))
+    started = time.time()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_yaml(out_dir / "config.yaml", cfg)
+    ledger_path = out_dir / "ledger.jsonl"
+    ledger_path.unlink(missing_ok=True)
+    model_cfg, pre = cfg["model"], cfg["pretrain"]
+    style, steps = model_cfg["pretrain"]["style"], int(model_cfg["pretrain"]["steps"])
+    tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
+    domains = {name: build_domain(d) for name, d in cfg["domains"].items()}
+    model = build_model(model_cfg, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed=int(cfg["seed"]))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=float(pre["lr"]), betas=(0.9, 0.95), weight_decay=0.01)
+    rng = random.Random(f"pretrain-{cfg['name']}-{cfg['seed']}")
+    total_flops = 0.0
+    model.train()
+    for step in range(steps):
+        scale = lr_at(step, steps, int(pre["warmup_steps"]), float(pre["min_lr_ratio"]))
+        for group in optimizer.param_groups:
+            group["lr"] = float(pre["lr"]) * scale
+        input_ids, attention, labels = demonstration_batch(tokenizer, domains, style, int(pre["batch_size"]), rng)
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        step_flops = flop_formulas.train_flops(model.config, *input_ids.shape)
+        total_flops += step_flops
+        if step % int(pre["log_every"]) == 0 or step == steps - 1:
+            append_jsonl(ledger_path, {"step": step, "loss": loss.item(), "flops": {"train": step_flops},
+                                       "cumulative_flops": total_flops, "counted": False})
+    eval_cfg = pre["eval"]
+    heldout = heldout_for(domains, sorted(domains), eval_cfg.get("max_prompts"))
+    results, eval_flops = evaluate(model, tokenizer, domains, heldout, k=int(eval_cfg["k"]),
+                                   temperature=float(eval_cfg["temperature"]), max_new_tokens=48,
+                                   batch_size=512, seed=int(cfg["seed"]))
+    rewrite_jsonl(out_dir / "evals.jsonl", [{"step": steps, "cumulative_flops": 0.0, "eval_flops": eval_flops, "results": results}])
+    model.save_pretrained(out_dir / "checkpoint")
+    tokenizer.save_pretrained(out_dir / "checkpoint")
+    summary = {
+        "model": cfg["name"], "style": style, "steps": steps, "parameters": parameter_count(model),
+        "pretrain_flops": total_flops, "counted": False, "final_loss": float(loss), "heldout": results,
+        "wall_s": round(time.time() - started, 1),
+    }
+    write_json(out_dir / "done.json", summary)
+    return summary

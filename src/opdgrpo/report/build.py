@@ -1,0 +1,314 @@
+"""Build ``results/<profile>/report/`` from run directories and the planner's report spec.
+
+The report reads only run directories (DESIGN.md, data flow) and writes, atomically (temp file then ``os.replace``,
+so an interrupted report never leaves a half-written file that Snakemake would take as done):
+
+* ``curves.csv`` -- long form, the contracted columns (:data:`opdgrpo.report.curves.CURVE_COLUMNS`);
+* ``savings.csv`` and ``savings.md`` -- one row per consolidation study present (S4), matched-FLOP savings;
+* ``claims.md`` -- each paper claim, paper value, ours, holds or not;
+* ``<study>_accuracy.png/.pdf`` per plotted study, and ``S1b_length.png/.pdf``.
+
+Study keys without a registered kind are skipped with a note instead of failing, so a spec from a newer planner
+(S2, S5, S5b) still yields the report for the studies this code knows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from opdgrpo.report.claims import EVALUATORS, claims_table
+from opdgrpo.report.curves import (
+    ReportInputError,
+    format_flops,
+    format_pct,
+    load_curves,
+    load_final_flops,
+    run_curve,
+    instance_seed,
+    study_instances,
+    validate_spec_runs,
+)
+from opdgrpo.report.plots import PLOTTERS, PlotContext
+from opdgrpo.report.savings import PAPER_CONSOLIDATION, compute_savings
+
+#: Study keys handled as consolidation studies (experts + multi-teacher OPD vs joint GRPO). S5 slots in here.
+CONSOLIDATION_STUDIES: tuple[str, ...] = ("S4",)
+
+SAVINGS_COLUMNS: list[str] = [
+    "study",
+    "domains",
+    "target_accuracy",
+    "joint_flops",
+    "expert_flops",
+    "distill_flops",
+    "pipeline_flops",
+    "savings",
+    "distill_share",
+    "paper_savings",
+    "paper_distill_share",
+    "tolerance_points",
+    "status",
+    "reason",
+    "seed",
+]
+
+#: Keys of a study entry whose (nested) string values are run ids.
+_RUN_REF_KEYS = {"grpo", "teacher", "joint", "distill", "experts", "opd", "base_length_run"}
+DPI = 150
+
+
+# ------------------------------------------------------------------------------------------------------- inputs
+def load_spec(path: Path) -> dict[str, Any]:
+    """Read the report spec; errors name the file and the missing key."""
+    path = Path(path)
+    if not path.is_file():
+        raise ReportInputError(f"{path}: report spec not found")
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ReportInputError(f"{path}: malformed JSON ({exc})") from exc
+    if not isinstance(spec, dict):
+        raise ReportInputError(f"{path}: expected a JSON object")
+    for key in ("profile", "runs"):
+        if key not in spec:
+            raise ReportInputError(f"{path}: missing key '{key}'")
+    if not isinstance(spec.get("studies", {}), dict):
+        raise ReportInputError(f"{path}: key 'studies' must be an object")
+    return spec
+
+
+def referenced_runs(study: Any) -> list[str]:
+    """Run ids a study entry refers to (values under grpo/teacher/joint/distill/experts/opd/base_length_run)."""
+    found: list[str] = []
+
+    def collect(value: Any) -> None:
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, Mapping):
+            for v in value.values():
+                collect(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                collect(v)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                if k in _RUN_REF_KEYS:
+                    collect(v)
+                else:
+                    walk(v)
+        elif isinstance(node, (list, tuple)):
+            for v in node:
+                walk(v)
+
+    walk(study)
+    return list(dict.fromkeys(found))
+
+
+def known_studies(spec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """(study keys this code handles, notes for the ones it skips)."""
+    handled = set(PLOTTERS) | set(EVALUATORS) | set(CONSOLIDATION_STUDIES)
+    known, notes = [], []
+    for key in spec.get("studies", {}) or {}:
+        if key in handled:
+            known.append(key)
+        else:
+            notes.append(f"study {key}: no report kind registered for it; skipped")
+    return known, notes
+
+
+def check_study_runs(spec: Mapping[str, Any], keys: Sequence[str]) -> None:
+    """Every run a handled study names must be listed in ``spec['runs']`` (else the planner has a bug)."""
+    listed = {entry["run"] for entry in spec["runs"]}
+    for key in keys:
+        for run in referenced_runs(spec["studies"][key]):
+            if run not in listed:
+                raise ReportInputError(f"report spec: study {key} refers to run '{run}', which is not in 'runs'")
+
+
+# ------------------------------------------------------------------------------------------------------ savings
+def consolidation_rows(
+    spec: Mapping[str, Any], curves: pd.DataFrame, final_flops: Mapping[str, float]
+) -> list[dict[str, Any]]:
+    """One savings dict per consolidation study present (and per seed), with domains, paper values and status."""
+    rows = []
+    for key in CONSOLIDATION_STUDIES:
+        entry = (spec.get("studies") or {}).get(key)
+        if entry is None:
+            continue
+        for study in study_instances(entry):
+            rows.append(_consolidation_row(spec, key, study, curves, final_flops))
+    return rows
+
+
+def _consolidation_row(
+    spec: Mapping[str, Any], key: str, study: Mapping[str, Any], curves: pd.DataFrame, final_flops: Mapping[str, float]
+) -> dict[str, Any]:
+    """The savings row of one per-seed consolidation entry."""
+    for field in ("joint", "distill", "experts"):
+        if field not in study:
+            raise ReportInputError(f"report spec: study {key} is missing key '{field}'")
+    tol = float(study.get("tolerance", 0.0))
+    domains = list(study.get("domains") or dict.fromkeys(run_curve(curves, study["joint"])["eval_domain"]))
+    result = compute_savings(
+        curves, study["joint"], study["distill"], list(study["experts"]), domains, tol,
+        {e: final_flops[e] for e in study["experts"] if e in final_flops},
+    )
+    paper = PAPER_CONSOLIDATION.get(key, {})
+    return {
+        "study": key,
+        "domains": "+".join(domains),
+        **{k: result.get(k) for k in SAVINGS_COLUMNS if k in result},
+        "paper_savings": paper.get("savings"),
+        "paper_distill_share": paper.get("distill_share"),
+        "tolerance_points": tol,
+        "status": "matched" if result.get("savings") is not None else "not matched",
+        "reason": result.get("reason", ""),
+        "seed": instance_seed(dict(spec), dict(study)),
+    }
+
+
+def savings_markdown(rows: Sequence[Mapping[str, Any]], profile: str) -> str:
+    """savings.md: the savings table in readable units, "not matched" with its reason where never reached."""
+    lines = [
+        f"# Matched-FLOP savings (profile `{profile}`)",
+        "",
+        "Target = joint GRPO's best mix accuracy (mix = mean of domains, domain = mean of its held-out sets). "
+        "Pipeline = experts' final training FLOPs + distillation FLOPs where its mix accuracy first reaches the "
+        "target (minus the tolerance, in accuracy points), linearly interpolated between evaluation points. "
+        "Savings = 1 - pipeline / joint FLOPs at the target; distill share = distillation / experts. "
+        "Numbers are measured from this run's run directories.",
+        "",
+    ]
+    if not rows:
+        return "\n".join(lines + ["No consolidation study in the report spec.", ""])
+    lines += [
+        "| study | domains | target accuracy | joint FLOPs | expert FLOPs | distill FLOPs | pipeline FLOPs | savings "
+        "| distill share | paper savings | paper distill share |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def pct(x: Any) -> str:
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    per_study: dict[str, int] = {}
+    for r in rows:
+        per_study[r["study"]] = per_study.get(r["study"], 0) + 1
+    for r in rows:
+        name = r["study"] if per_study[r["study"]] == 1 else f"{r['study']} (seed {r['seed']})"
+        saving = pct(r["savings"]) if r["status"] == "matched" else f"not matched ({r['reason']})"
+        lines.append(
+            f"| {name} | {r['domains']} | {format_pct(r['target_accuracy'])} | {format_flops(r['joint_flops'])} "
+            f"| {format_flops(r['expert_flops'])} | {format_flops(r['distill_flops'])} "
+            f"| {format_flops(r['pipeline_flops'])} | {saving.replace('|', '/')} | {pct(r['distill_share'])} "
+            f"| {pct(r['paper_savings'])} | {pct(r['paper_distill_share'])} |"
+        )
+    tols = {r["tolerance_points"] for r in rows}
+    lines += ["", f"Tolerance (accuracy points): {', '.join(f'{t:g}' for t in sorted(tols))}.", ""]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------------ writing
+def _atomic(path: Path, write: Callable[[Path], None]) -> Path:
+    """Write ``path`` through a temp file in the same directory, then ``os.replace`` it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Atomically write a text file."""
+    return _atomic(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
+    """Atomically save ``<stem>.png`` (dpi 150) and ``<stem>.pdf``."""
+    out = []
+    for fmt in ("png", "pdf"):
+        out.append(_atomic(Path(out_dir) / f"{stem}.{fmt}", lambda tmp, f=fmt: fig.savefig(tmp, format=f, dpi=DPI)))
+    return out
+
+
+# -------------------------------------------------------------------------------------------------------- build
+def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, Any]:
+    """Write every report file; return ``{"written": [paths], "notes": [str], "savings": [rows]}``.
+
+    Raises :class:`ReportInputError` (naming the file, run or key) when an input is missing or malformed.
+    """
+    spec = load_spec(spec_path)
+    validate_spec_runs(spec)
+    keys, notes = known_studies(spec)
+    check_study_runs(spec, keys)
+    runs_dir, out_dir = Path(runs_dir), Path(out_dir)
+    curves = load_curves(spec, runs_dir)
+    final_flops = load_final_flops(runs_dir, [e["run"] for e in spec["runs"]])
+    rows = consolidation_rows(spec, curves, final_flops)
+    profile = str(spec["profile"])
+
+    written: list[Path] = []
+    written.append(_atomic(out_dir / "curves.csv", lambda tmp: curves.to_csv(tmp, index=False)))
+    table = pd.DataFrame(rows, columns=SAVINGS_COLUMNS)
+    written.append(_atomic(out_dir / "savings.csv", lambda tmp: table.to_csv(tmp, index=False)))
+    written.append(write_text(out_dir / "savings.md", savings_markdown(rows, profile)))
+    written.append(write_text(out_dir / "claims.md", claims_table(spec, curves, rows)))
+
+    labels = {e["run"]: e.get("label", e["run"]) for e in spec["runs"]}
+    first_rows: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        first_rows.setdefault(r["study"], r)
+    ctx = PlotContext(curves=curves, labels=labels, savings=first_rows, notes=notes)
+    for key in keys:
+        plotter = PLOTTERS.get(key)
+        if plotter is None:
+            notes.append(f"study {key}: no figure registered")
+            continue
+        instances = study_instances(spec["studies"][key])
+        study = dict(instances[0])
+        if len(instances) > 1:  # figures show the first seed; savings.csv and claims.md cover every seed
+            seed = instance_seed(spec, study)
+            study["title"] = f"{study.get('title', key)} (seed {seed}, first of {len(instances)})"
+            notes.append(f"study {key}: figure shows seed {seed} of {len(instances)} planned seeds")
+        for stem, fig in plotter(key, study, ctx).items():
+            written.extend(save_figure(fig, out_dir, stem))
+    return {"written": written, "notes": notes, "savings": rows}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry of ``opdgrpo report --spec SPEC.json --runs RUNS_DIR --out OUT_DIR``; prints the written paths."""
+    p = argparse.ArgumentParser(prog="opdgrpo report", description="Write the report from run directories.")
+    p.add_argument("--spec", type=Path, required=True, help="report spec (JSON) written by the planner")
+    p.add_argument("--runs", type=Path, required=True, help="directory holding one directory per run")
+    p.add_argument("--out", type=Path, required=True, help="report directory to write")
+    args = p.parse_args(argv)
+    try:
+        result = build_report(args.spec, args.runs, args.out)
+    except ReportInputError as exc:
+        print(f"opdgrpo report: error: {exc}", file=sys.stderr)
+        return 2
+    for note in result["notes"]:
+        print(f"opdgrpo report: note: {note}", file=sys.stderr)
+    for path in result["written"]:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

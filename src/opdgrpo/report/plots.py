@@ -1,0 +1,299 @@
+"""Accuracy-vs-training-FLOPs figures, one per study, plus S1b's response-length figure.
+
+The paper's argument is made on accuracy-vs-FLOPs curves, so every figure uses cumulative *training* FLOPs on a
+log x axis (evaluation FLOPs are never counted), one line per method/run label, a marker at every evaluation point.
+
+x axis unit: the largest SI unit (EFLOP, PFLOP, TFLOP, GFLOP, ...) in which the figure's largest FLOP count is >= 1,
+so the tiny profile reads "TFLOP" instead of "1e-6 EFLOP".
+
+Step 0 on a log axis (our choice): every run starts at 0 training FLOPs, which a log axis cannot show and symlog would
+distort around its linear region. We draw 0 at a stand-in position one whole decade below the decade of the smallest
+nonzero FLOP count in the figure, label that tick "0", and draw a dotted vertical "axis break" between it and the
+first real decade; every figure's caption says so. Distances left of the break mean nothing.
+
+Figures are built on :class:`matplotlib.figure.Figure` with the Agg canvas (no pyplot global state), and returned
+to the caller, which saves them (PNG and PDF) atomically. Study kinds are registered in :data:`PLOTTERS`; a new study
+kind slots in by adding one function there.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # the Agg backend, without touching pyplot's global one
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
+
+from opdgrpo.report.curves import domain_accuracy, flop_unit, format_flops, mix_accuracy, run_curve
+
+STEP0_CAPTION = (
+    "x: cumulative training FLOPs, log scale. Step 0 (0 FLOPs) is drawn at the tick labelled 0, one decade left of "
+    "the first nonzero decade, past the dotted axis break."
+)
+
+_COLORS = ["#000000", "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+
+
+# ------------------------------------------------------------------------------------------------- figure model
+@dataclass
+class Line:
+    """One curve: FLOPs (raw) against a y value, with a legend label."""
+
+    label: str
+    flops: np.ndarray
+    y: np.ndarray
+    linestyle: str = "-"
+    marker: str = "o"
+    color_key: str | None = None  # lines sharing a key share a colour (e.g. a run shifted in the mix panel)
+
+
+@dataclass
+class Panel:
+    """One axes: its lines and reference marks (horizontal lines, vertical FLOP lines, highlighted points)."""
+
+    title: str
+    ylabel: str
+    lines: list[Line] = field(default_factory=list)
+    hlines: list[tuple[float, str]] = field(default_factory=list)
+    vlines: list[tuple[float, str]] = field(default_factory=list)
+    points: list[tuple[float, float, str]] = field(default_factory=list)
+
+
+@dataclass
+class PlotContext:
+    """What a study plotter needs besides its own spec entry."""
+
+    curves: pd.DataFrame
+    labels: Mapping[str, str]
+    savings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def label(self, run: str) -> str:
+        """Legend label of a run: the spec's ``label`` or the run id."""
+        return str(self.labels.get(run, run))
+
+
+# ------------------------------------------------------------------------------------------------------ rendering
+def _zero_position(positive: Sequence[float]) -> float:
+    """Stand-in x (scaled units) for 0 FLOPs: one decade below the decade of the smallest positive value."""
+    return 10.0 ** (math.floor(math.log10(min(positive))) - 1)
+
+
+def render(panels: Sequence[Panel], title: str, caption: str = STEP0_CAPTION) -> Figure:
+    """Draw panels side by side (at most 3 per row) sharing one FLOP unit and one stand-in position for 0."""
+    raw = [f for p in panels for ln in p.lines for f in ln.flops] + [x for p in panels for x, _ in p.vlines]
+    raw += [x for p in panels for x, _, _ in p.points]
+    positive = [float(f) for f in raw if f > 0]
+    has_zero = any(f <= 0 for f in raw)
+    scale, unit = flop_unit(max(positive)) if positive else (1.0, "FLOP")
+    scaled_pos = [f / scale for f in positive] or [1.0]
+    x0 = _zero_position(scaled_pos)
+
+    def sx(values: Any) -> np.ndarray:
+        arr = np.asarray(values, dtype=float) / scale
+        return np.where(arr <= 0, x0, arr)
+
+    n = max(len(panels), 1)
+    ncols = min(n, 3)
+    nrows = math.ceil(n / ncols)
+    fig = Figure(figsize=(5.2 * ncols, 4.0 * nrows + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    lo_dec = math.floor(math.log10(x0 if has_zero else min(scaled_pos)))
+    hi_dec = math.ceil(math.log10(max(scaled_pos)))
+    if hi_dec <= lo_dec:
+        hi_dec = lo_dec + 1
+    decades = list(range(lo_dec, hi_dec + 1))
+    stride = max(1, math.ceil(len(decades) / 8))
+    ticks = [10.0**d for d in decades[::stride]]
+    if has_zero and x0 not in ticks:
+        ticks = [x0, *ticks]
+
+    def fmt(x: float, _pos: int | None = None) -> str:
+        if has_zero and math.isclose(x, x0, rel_tol=1e-9):
+            return "0"
+        return f"{x:g}"
+
+    colors: dict[str, str] = {}
+    for idx, panel in enumerate(panels):
+        ax = axes[idx // ncols][idx % ncols]
+        for line in panel.lines:
+            key = line.color_key or line.label
+            color = colors.setdefault(key, _COLORS[len(colors) % len(_COLORS)])
+            order = np.argsort(np.asarray(line.flops, dtype=float), kind="stable")
+            ax.plot(
+                sx(np.asarray(line.flops)[order]), np.asarray(line.y)[order], linestyle=line.linestyle,
+                marker=line.marker, markersize=4, linewidth=1.6, color=color, label=line.label,
+            )
+        for y, label in panel.hlines:
+            ax.axhline(y, color="grey", linestyle="--", linewidth=1.0, label=label)
+        for x, label in panel.vlines:
+            ax.axvline(sx([x])[0], color="#7f7f7f", linestyle="-.", linewidth=1.0, label=label)
+        for x, y, label in panel.points:
+            ax.plot(sx([x]), [y], marker="*", markersize=12, linestyle="none", color="#bcbd22",
+                    markeredgecolor="black", label=label)
+        ax.set_xscale("log")
+        ax.set_xlim(x0 / 2 if has_zero else min(scaled_pos) / 2, 10.0 ** hi_dec)
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_major_formatter(FuncFormatter(fmt))
+        ax.xaxis.set_minor_locator(LogLocator(subs=tuple(range(2, 10))))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        if has_zero:
+            ax.axvline(x0 * math.sqrt(10.0), color="black", linestyle=":", linewidth=0.8)
+        ax.set_xlabel(f"training FLOPs ({unit}, log scale)")
+        ax.set_ylabel(panel.ylabel)
+        ax.set_title(panel.title, fontsize=11)
+        ax.grid(True, which="major", alpha=0.3)
+        if panel.lines or panel.hlines:
+            ax.legend(fontsize=8, loc="best")
+    for idx in range(len(panels), nrows * ncols):
+        axes[idx // ncols][idx % ncols].set_visible(False)
+    fig.suptitle("\n".join(textwrap.wrap(title, width=48 * ncols, break_on_hyphens=False)), fontsize=13)
+    if caption:
+        fig.supxlabel("\n".join(textwrap.wrap(caption, width=int(110 * ncols / 2) if ncols > 1 else 90)), fontsize=8)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------- data helpers
+def domain_series(curves: pd.DataFrame, run: str, domain: str, value: str = "accuracy") -> tuple[np.ndarray, np.ndarray]:
+    """(FLOPs, value) of one run on one eval domain (mean over that domain's held-out sets), in step order.
+
+    Accuracy is returned in percent. Raises if the run never evaluates the domain.
+    """
+    dom = domain_accuracy(run_curve(curves, run))
+    dom = dom[dom["eval_domain"] == domain]
+    if dom.empty:
+        raise ValueError(f"run '{run}' has no evaluation on domain '{domain}'")
+    y = dom[value].to_numpy(dtype=float)
+    return dom["cumulative_flops"].to_numpy(dtype=float), (100.0 * y if value == "accuracy" else y)
+
+
+def mix_series(curves: pd.DataFrame, run: str, domains: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(FLOPs, mix accuracy in percent) of one run over ``domains``, in step order."""
+    mix = mix_accuracy(run_curve(curves, run), domains)
+    return mix["cumulative_flops"].to_numpy(dtype=float), 100.0 * mix["accuracy"].to_numpy(dtype=float)
+
+
+def _final_value(curves: pd.DataFrame, run: str, domain: str, value: str = "accuracy") -> float:
+    flops, y = domain_series(curves, run, domain, value)
+    return float(y[-1])
+
+
+# ------------------------------------------------------------------------------------------------- study plotters
+def _comparison_panels(study: Mapping[str, Any], ctx: PlotContext, value: str) -> list[Panel]:
+    ylabel = "held-out accuracy (%)" if value == "accuracy" else "mean response length (tokens)"
+    panels = []
+    for comp in study.get("comparisons", []):
+        domain = comp["domain"]
+        panel = Panel(title=f"{domain}", ylabel=ylabel)
+        runs = [(ctx.label(comp["grpo"]), comp["grpo"], "-")]
+        runs += [(str(lbl), run, "--") for lbl, run in comp.get("opd", {}).items()]
+        for label, run, ls in runs:
+            flops, y = domain_series(ctx.curves, run, domain, value)
+            panel.lines.append(Line(label, flops, y, linestyle=ls))
+        base = study.get("base_length_run")
+        if value == "mean_response_length" and base:
+            flops, y = domain_series(ctx.curves, base, domain, value)
+            panel.hlines.append((float(y[0]), f"base student ({base}, step 0)"))
+        panels.append(panel)
+    return panels
+
+
+def plot_comparison(key: str, study: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
+    """S1-style study: GRPO vs external-teacher OPD, one panel per compared domain (in-domain accuracy)."""
+    title = f"{key}: {study.get('title', key)}"
+    return {f"{key}_accuracy": render(_comparison_panels(study, ctx, "accuracy"), title)}
+
+
+def plot_comparison_with_length(key: str, study: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
+    """S1b: the comparison figure plus response length vs FLOPs (OPD from long-answering teachers inflates it)."""
+    figs = plot_comparison(key, study, ctx)
+    title = f"{key}: mean response length - {study.get('title', key)}"
+    figs[f"{key}_length"] = render(_comparison_panels(study, ctx, "mean_response_length"), title)
+    return figs
+
+
+def plot_self_teacher(key: str, study: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
+    """S3: GRPO vs self-teacher OPD at several rollout counts, with the teacher's final accuracy as a line.
+
+    The distillation curves exclude the teacher's own GRPO FLOPs, as in the paper.
+    """
+    domain = study["domain"]
+    panel = Panel(title=domain, ylabel="held-out accuracy (%)")
+    flops, y = domain_series(ctx.curves, study["grpo"], domain)
+    panel.lines.append(Line(ctx.label(study["grpo"]), flops, y))
+    for n, run in sorted(study.get("opd", {}).items(), key=lambda kv: _as_int(kv[0])):
+        flops, y = domain_series(ctx.curves, run, domain)
+        suffix = "rollout" if str(n) == "1" else "rollouts"
+        panel.lines.append(Line(f"self-teacher OPD, {n} {suffix}/prompt", flops, y, linestyle="--"))
+    teacher = study["teacher"]
+    panel.hlines.append((_final_value(ctx.curves, teacher, domain), f"teacher ({teacher}) final accuracy"))
+    caption = STEP0_CAPTION + " OPD FLOPs exclude the teacher's own GRPO training, as in the paper."
+    return {f"{key}_accuracy": render([panel], f"{key}: {study.get('title', key)}", caption)}
+
+
+def plot_consolidation(key: str, study: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
+    """S4-style study: joint GRPO vs experts + multi-teacher OPD; one panel per domain, then a mix panel.
+
+    Domain panels show each run on its own FLOPs. The mix panel charges the pipeline its full cost: the distillation
+    curve is shifted right by the experts' total FLOPs (marked), and the matched points of the savings are starred.
+    """
+    domains = list(study["domains"])
+    joint, distill, experts = study["joint"], study["distill"], list(study["experts"])
+    runs = [(joint, "-"), (distill, "--")] + [(e, ":") for e in experts]
+    panels = []
+    for domain in domains:
+        panel = Panel(title=domain, ylabel="held-out accuracy (%)")
+        for run, ls in runs:
+            try:
+                flops, y = domain_series(ctx.curves, run, domain)
+            except ValueError:
+                continue  # an expert need not evaluate the other domains
+            panel.lines.append(Line(ctx.label(run), flops, y, linestyle=ls, color_key=run))
+        panels.append(panel)
+    sav = ctx.savings.get(key, {})
+    expert_flops = sav.get("expert_flops")
+    if expert_flops is None:
+        expert_flops = float(sum(run_curve(ctx.curves, e)["cumulative_flops"].max() for e in experts))
+    mix = Panel(title=f"mix ({' + '.join(domains)}), pipeline cost", ylabel="mix accuracy (%)")
+    flops, y = mix_series(ctx.curves, joint, domains)
+    mix.lines.append(Line(ctx.label(joint), flops, y, color_key=joint))
+    flops, y = mix_series(ctx.curves, distill, domains)
+    shifted = Line(f"{ctx.label(distill)} (+ experts' FLOPs)", flops + expert_flops, y, linestyle="--", color_key=distill)
+    mix.lines.append(shifted)
+    mix.vlines.append((expert_flops, f"experts' total {format_flops(expert_flops)}"))
+    if sav.get("target_accuracy") is not None:
+        mix.hlines.append((100.0 * sav["target_accuracy"], "target: joint GRPO best"))
+        mix.points.append((sav["joint_flops"], 100.0 * sav["target_accuracy"], "matched points"))
+        if sav.get("pipeline_flops") is not None:
+            tol = float(study.get("tolerance", 0.0))
+            mix.points.append((sav["pipeline_flops"], 100.0 * sav["target_accuracy"] - tol, "_nolegend_"))
+    panels.append(mix)
+    caption = (
+        STEP0_CAPTION + " Mix panel: the distillation curve is shifted right by the experts' total training FLOPs "
+        "(dash-dot line), so its x is the whole pipeline's cost."
+    )
+    return {f"{key}_accuracy": render(panels, f"{key}: {study.get('title', key)}", caption)}
+
+
+def _as_int(value: Any) -> float:
+    try:
+        return float(int(str(value)))
+    except ValueError:
+        return math.inf
+
+
+#: Study key -> plotter. A new study kind (S2, S5, S5b) slots in by adding one entry (S5 can reuse
+#: :func:`plot_consolidation`). Each plotter returns ``{file stem: Figure}``.
+PLOTTERS: dict[str, Callable[[str, Mapping[str, Any], PlotContext], dict[str, Figure]]] = {
+    "S1": plot_comparison,
+    "S1b": plot_comparison_with_length,
+    "S3": plot_self_teacher,
+    "S4": plot_consolidation,
+}

@@ -1,0 +1,74 @@
+"""Files of a run directory: atomic writes and append-only JSON lines that survive a kill.
+
+A job that is killed mid-write leaves at most a truncated last line in a ``.jsonl`` file; readers
+skip it and a resumed job rewrites the file up to its checkpoint, so no step is counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import yaml
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_yaml(path: Path, obj: Any) -> None:
+    atomic_write_text(path, yaml.safe_dump(obj, sort_keys=False))
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+        handle.flush()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a JSON-lines file; a truncated last line (a killed writer) is dropped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number}: not a JSON record ({err})") from err
+    return records
+
+
+def rewrite_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))
+
+
+def keep_records(path: Path, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """Rewrite a JSON-lines file with only the records ``keep`` accepts (used on resume)."""
+    kept = [r for r in read_jsonl(path) if keep(r)]
+    rewrite_jsonl(path, kept)
+    return kept

@@ -1,0 +1,165 @@
+"""Batched autoregressive sampling with a KV cache, for rollouts.
+
+Our own loop rather than ``model.generate`` so that the FLOP ledger counts exactly what was computed: the prefill
+over the left-padded prompts (LM-head logits for the last position only), then one cached decode step per new
+token for the rows still running. Rows that emitted EOS are dropped from the batch and the cache (compaction), so
+they cost nothing afterwards; padding inside the prompt block *is* computed and counted.
+
+By default tokens come from the model's full distribution (temperature 1, no top-k / top-p truncation), as
+on-policy training needs; ``temperature=0`` is greedy decoding.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from opdgrpo import flops as flop_formulas
+
+
+@dataclass
+class Rollouts:
+    """The result of :func:`sample`. ``T`` is the number of decode positions actually produced (at most
+    ``max_new_tokens``; fewer when every row stopped early)."""
+
+    sequences: torch.LongTensor  # (B, P+T): left-padded prompts then completions, pad after a row ends
+    attention_mask: torch.LongTensor  # (B, P+T): 1 on prompt tokens and on completion_mask positions
+    completion_mask: torch.BoolTensor  # (B, T): True on generated tokens up to and including EOS
+    prompt_len: int  # P, the padded prompt length
+    completions: list[list[int]]  # generated ids per row, without EOS and pads
+    finished: torch.BoolTensor  # (B,): the row ended with EOS
+    flops: float  # FLOPs computed: prefill + every decode step (padding included)
+    tokens_computed: int  # token positions pushed through the model (padding included)
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """transformers 5.24 names the forward's cache argument ``cache`` (``past_key_values`` is a deprecated alias
+    until 5.40); older 5.x releases only know ``past_key_values``."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _choose(
+    logits: torch.Tensor, temperature: float, top_p: float, top_k: int, generator: torch.Generator | None
+) -> torch.LongTensor:
+    """Pick one token per row from ``logits`` (rows x vocab)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the mass strictly before it already reaches top_p (the top token always survives).
+        drop = (probs.cumsum(dim=-1) - probs) >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def sample(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    generator: torch.Generator | None = None,
+) -> Rollouts:
+    """Sample up to ``max_new_tokens`` tokens after each prompt; a row stops at its first EOS.
+
+    Deterministic for a given ``generator`` state (and the same model, prompts and settings). The model is used
+    as is: put it in eval mode if it has dropout. ``generator`` must live on the model's device. Use float32 or
+    bfloat16 weights: in transformers 5.24 eager attention turns left-padded rows into NaN in float64.
+    """
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("need at least one prompt, and every prompt needs at least one token")
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be at least 1")
+    if temperature < 0:
+        raise ValueError("temperature must be >= 0")
+
+    config = model.config
+    device = next(model.parameters()).device
+    batch, prompt_len = len(prompts), max(len(p) for p in prompts)
+
+    input_ids = torch.full((batch, prompt_len), pad_token_id, dtype=torch.long, device=device)
+    prompt_mask = torch.zeros((batch, prompt_len), dtype=torch.long, device=device)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, prompt_len - len(prompt) :] = torch.tensor(prompt, dtype=torch.long, device=device)
+        prompt_mask[row, prompt_len - len(prompt) :] = 1
+    position_ids = (prompt_mask.cumsum(dim=-1) - 1).clamp(min=0)
+
+    cache = DynamicCache(config=config)
+    cache_kw = _cache_kwarg(model)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=prompt_mask,
+        position_ids=position_ids,
+        use_cache=True,
+        logits_to_keep=1,
+        **{cache_kw: cache},
+    )
+    total_flops = flop_formulas.prefill_flops(config, batch, prompt_len, logits_positions=1)
+    tokens_computed = batch * prompt_len
+
+    generated = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    active = torch.arange(batch, device=device)  # original row index of each row still in the batch
+    mask = prompt_mask  # attention mask of the active rows over everything cached so far
+    next_pos = position_ids[:, -1] + 1  # position of the token each active row feeds next
+    steps = 0
+    for step in range(max_new_tokens):
+        tokens = _choose(out.logits[:, -1, :], temperature, top_p, top_k, generator)
+        generated[active, step] = tokens
+        steps = step + 1
+        is_eos = tokens == eos_token_id
+        finished[active[is_eos]] = True
+        if step == max_new_tokens - 1 or bool(is_eos.all()):
+            break
+        if bool(is_eos.any()):  # compaction: drop finished rows from the batch and the cache
+            keep = (~is_eos).nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            active, tokens, mask, next_pos = active[keep], tokens[keep], mask[keep], next_pos[keep]
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+        out = model(
+            input_ids=tokens[:, None],
+            attention_mask=mask,
+            position_ids=next_pos[:, None],
+            use_cache=True,
+            logits_to_keep=1,
+            **{cache_kw: cache},
+        )
+        next_pos = next_pos + 1
+        total_flops += flop_formulas.decode_step_flops(config, len(active), context_len=mask.shape[1])
+        tokens_computed += len(active)
+
+    generated = generated[:, :steps]
+    is_eos = generated == eos_token_id
+    # True up to and including the first EOS: no EOS strictly before this position.
+    completion_mask = (is_eos.long().cumsum(dim=-1) - is_eos.long()) == 0
+    generated = generated.masked_fill(~completion_mask, pad_token_id)
+    completions = [
+        [t for t, keep in zip(row.tolist(), keep_row.tolist()) if keep and t != eos_token_id]
+        for row, keep_row in zip(generated, completion_mask)
+    ]
+    return Rollouts(
+        sequences=torch.cat([input_ids, generated], dim=-1),
+        attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=-1),
+        completion_mask=completion_mask,
+        prompt_len=prompt_len,
+        completions=completions,
+        finished=finished,
+        flops=total_flops,
+        tokens_computed=tokens_computed,
+    )

@@ -1,0 +1,237 @@
+"""The post-training loop shared by GRPO and OPD, top to bottom in one function.
+
+Each step: draw prompts -> sample rollouts with a KV cache -> (GRPO) rewards and group advantages or
+(OPD) one forward of each frozen teacher over prompt + completion -> loss -> optimiser step -> one
+ledger line with the FLOPs of every component. Held-out avg@k at step 0, every ``eval_every`` steps and
+at the end; a checkpoint every ``checkpoint_every`` steps. A rerun resumes from the newest checkpoint
+with the same config, dropping ledger and eval lines written after it, so no step is counted twice.
+Everything random is seeded by (seed, step), so a resumed run repeats exactly what it would have done.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import flops as F
+from .checkpoint import clear_run, config_hash, find_checkpoint, load_state, save_checkpoint
+from .domains import Task, build_domain
+from .evaluation import evaluate, heldout_for
+from .losses import group_advantages, grpo_loss, token_logprobs, topk_reverse_kl
+from .models import load_model, parameter_count
+from .rollout import sample_and_score
+from .runio import append_jsonl, keep_records, write_json, write_yaml
+from .tokenizer import load_tokenizer
+
+log = logging.getLogger("opdgrpo.train")
+
+
+class Interrupted(RuntimeError):
+    """SIGTERM/SIGINT arrived; the run checkpointed and stopped. A rerun resumes it."""
+
+
+def domain_counts(pools: dict[str, list[Task]], prompts_per_step: int, mix: str) -> dict[str, int]:
+    """How many prompts of each domain a step draws: equal shares or shares by pool size."""
+    names = sorted(pools)
+    if mix == "balanced":
+        weights = {d: 1.0 for d in names}
+    elif mix == "instance":
+        weights = {d: float(len(pools[d])) for d in names}
+    else:
+        raise ValueError(f"config key `train.mix` must be 'balanced' or 'instance', got {mix!r}")
+    total = sum(weights.values())
+    exact = {d: prompts_per_step * w / total for d, w in weights.items()}
+    counts = {d: int(exact[d]) for d in names}
+    for d in sorted(names, key=lambda d: exact[d] - counts[d], reverse=True)[: prompts_per_step - sum(counts.values())]:
+        counts[d] += 1
+    return counts
+
+
+def batch_tasks(pools: dict[str, list[Task]], counts: dict[str, int], step: int, seed: int) -> list[Task]:
+    """The prompts of one step: each domain walks its own per-epoch shuffle, so any step is reproducible."""
+    tasks = []
+    for d in sorted(pools):
+        pool, n = pools[d], counts[d]
+        for idx in range(step * n, (step + 1) * n):
+            epoch, pos = divmod(idx, len(pool))
+            order = random.Random(f"{seed}-{d}-{epoch}").sample(range(len(pool)), len(pool))
+            tasks.append(pool[order[pos]])
+    return tasks
+
+
+def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    started = time.time()
+    torch.set_num_threads(int(cfg["threads"]))
+    method, shared = cfg["method"], cfg["train"]
+    kind, steps, seed = method["name"], int(method["steps"]), int(cfg["seed"])
+    if kind not in ("grpo", "opd"):
+        raise ValueError(f"config key `method.name` must be 'grpo' or 'opd', got {kind!r}")
+    per_prompt = int(method["group_size"] if kind == "grpo" else method["rollouts_per_prompt"])
+
+    # -- what this run works on ---------------------------------------------------------------
+    tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
+    domains = {name: build_domain(d) for name, d in cfg["domains"].items()}
+    pools = {d: domains[d].training_pool() for d in cfg["train_domains"]}
+    for d, pool in pools.items():
+        if not pool:
+            raise ValueError(f"domain {d}: the training pool is empty; check `domains.{d}.train`")
+    counts = domain_counts(pools, int(shared["prompts_per_step"]), str(shared.get("mix", "balanced")))
+    heldout = heldout_for(domains, cfg["eval_domains"])
+    student = load_model(cfg["student"]["path"])
+    teachers: dict[str, torch.nn.Module] = {}
+    if kind == "opd":
+        loaded: dict[str, torch.nn.Module] = {}
+        for d in cfg["train_domains"]:
+            if d not in cfg["teachers"]:
+                raise ValueError(f"OPD run {cfg['run_id']}: no teacher for domain {d}; `teachers` has {sorted(cfg['teachers'])}")
+            path = cfg["teachers"][d]["path"]
+            teachers[d] = loaded.setdefault(path, load_model(path, trainable=False).eval())
+        for d, teacher in teachers.items():
+            if teacher.config.vocab_size < student.config.vocab_size:
+                raise ValueError(f"teacher for {d} has vocabulary {teacher.config.vocab_size} < student's {student.config.vocab_size}: "
+                                 "OPD needs teacher and student to share the tokenizer")
+    optimizer = torch.optim.AdamW(student.parameters(), lr=float(method["lr"]), betas=tuple(method["betas"]),
+                                  weight_decay=float(method["weight_decay"]))
+
+    # -- resume or start ----------------------------------------------------------------------
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ledger_path, evals_path = run_dir / "ledger.jsonl", run_dir / "evals.jsonl"
+    cfg_hash, start, cumulative = config_hash(cfg), 0, 0.0
+    ckpt = find_checkpoint(run_dir)
+    state = load_state(ckpt) if ckpt else None
+    if state and state["config_hash"] == cfg_hash:
+        student = load_model(ckpt)
+        optimizer = torch.optim.AdamW(student.parameters(), lr=float(method["lr"]), betas=tuple(method["betas"]),
+                                      weight_decay=float(method["weight_decay"]))
+        optimizer.load_state_dict(state["optimizer"])
+        start, cumulative = int(state["step"]), float(state["cumulative_flops"])
+        keep_records(ledger_path, lambda r: r["step"] < start)
+        keep_records(evals_path, lambda r: r["step"] < start)
+        log.info("resuming %s at step %d (%.3g training FLOPs so far)", cfg["run_id"], start, cumulative)
+    else:
+        if state:
+            log.warning("%s: config changed since the last checkpoint; starting over", cfg["run_id"])
+        clear_run(run_dir)
+    write_yaml(run_dir / "config.yaml", cfg)
+
+    stop = {"signal": None}
+
+    def request_stop(signum, _frame):
+        stop["signal"] = signum
+
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def run_eval(step: int) -> dict[str, Any]:
+        ev = shared["eval"]
+        results, eval_flops = evaluate(student, tokenizer, domains, heldout, k=int(ev["k"]), temperature=float(ev["temperature"]),
+                                       max_new_tokens=int(shared["max_new_tokens"]), batch_size=int(ev["batch_size"]),
+                                       seed=seed * 1_000_003 + step + 7)
+        record = {"step": step, "cumulative_flops": cumulative, "eval_flops": eval_flops, "results": results}
+        append_jsonl(evals_path, record)
+        return record
+
+    lr = float(method["lr"])
+    try:
+        for step in range(start, steps):
+            if step % int(shared["eval_every"]) == 0:
+                run_eval(step)
+            t0 = time.time()
+            warmup = int(method.get("warmup_steps") or 0)
+            for group in optimizer.param_groups:
+                group["lr"] = lr * min(1.0, (step + 1) / warmup) if warmup else lr
+
+            # 1. rollouts: the student samples `per_prompt` completions of every prompt
+            prompts = batch_tasks(pools, counts, step, seed)
+            tasks = [t for t in prompts for _ in range(per_prompt)]
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+            student.eval()
+            scored = sample_and_score(student, tokenizer, domains, tasks, max_new_tokens=int(shared["max_new_tokens"]),
+                                      temperature=float(shared["temperature"]), generator=generator)
+            student.train()
+            ro = scored.rollouts
+            seqs, attn = ro.sequences, ro.attention_mask
+            batch, length = seqs.shape
+            new = length - ro.prompt_len
+            targets, mask = seqs[:, ro.prompt_len:], ro.completion_mask
+
+            # 2. the student's training forward over prompt + completion (logits for the completion only)
+            logits = student(input_ids=seqs, attention_mask=attn, position_ids=_position_ids(attn),
+                             logits_to_keep=new + 1).logits[:, :-1]
+            flops = {"rollout": ro.flops, "train": F.train_flops(student.config, batch, length, logits_positions=new + 1),
+                     "old_policy": 0.0, "teacher": 0.0}
+
+            # 3. the loss
+            if kind == "grpo":
+                advantages = group_advantages(scored.rewards, per_prompt, scale_by_std=bool(method["scale_by_std"]))
+                logprobs = token_logprobs(logits, targets)
+                # One optimiser step per batch: the sampling policy is the current one, so the old
+                # log-probabilities are these, detached (no extra forward, none counted).
+                loss, metrics = grpo_loss(logprobs, logprobs.detach(), advantages, mask, clip_eps=float(method["clip_eps"]),
+                                          clip_eps_high=method.get("clip_eps_high"), aggregation=method["aggregation"])
+            else:
+                teacher_logits = torch.empty_like(logits, dtype=torch.float32)
+                with torch.no_grad():
+                    for d, teacher in teachers.items():
+                        rows = torch.tensor([i for i, t in enumerate(tasks) if t.domain == d], dtype=torch.long)
+                        if len(rows) == 0:
+                            continue
+                        out = teacher(input_ids=seqs[rows], attention_mask=attn[rows], position_ids=_position_ids(attn[rows]),
+                                      logits_to_keep=new + 1).logits[:, :-1]
+                        teacher_logits[rows] = out[..., : logits.shape[-1]].float()
+                        flops["teacher"] += F.forward_flops(teacher.config, len(rows), length, logits_positions=new + 1)
+                loss, metrics = topk_reverse_kl(logits, teacher_logits, mask, k=int(method["top_k"]),
+                                                aggregation=method["aggregation"])
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"run {cfg['run_id']} step {step}: {kind} loss is {float(loss)}; "
+                                         f"the last good checkpoint is kept in {run_dir / 'checkpoint'}")
+
+            # 4. the update
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), float(method["grad_clip"]))
+            optimizer.step()
+
+            # 5. the ledger
+            step_flops = sum(flops.values())
+            cumulative += step_flops
+            append_jsonl(ledger_path, {
+                "step": step,
+                "tokens": {"prompt": int(attn[:, : ro.prompt_len].sum()),
+                           "completion": int(mask.sum()), "rollout_computed": int(ro.tokens_computed),
+                           "train": batch * length, "teacher": batch * length if kind == "opd" else 0},
+                "flops": flops, "step_flops": step_flops, "cumulative_flops": cumulative,
+                "reward": float(scored.rewards.mean()), "loss": loss.item(), "grad_norm": float(grad_norm),
+                "mean_response_length": sum(scored.response_lengths) / batch,
+                "metrics": metrics, "lr": optimizer.param_groups[0]["lr"], "wall_s": round(time.time() - t0, 3),
+            })
+            done_steps = step + 1
+            if done_steps % int(shared["checkpoint_every"]) == 0 or stop["signal"] is not None:
+                save_checkpoint(run_dir, student, tokenizer, optimizer, done_steps, cumulative, cfg_hash)
+            if stop["signal"] is not None:
+                raise Interrupted(f"run {cfg['run_id']}: signal {stop['signal']} after step {step}; checkpoint saved, rerun to resume")
+
+        final = run_eval(steps)
+        save_checkpoint(run_dir, student, tokenizer, optimizer, steps, cumulative, cfg_hash)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+    totals: dict[str, float] = {}
+    for record in keep_records(ledger_path, lambda r: True):
+        for component, value in record["flops"].items():
+            totals[component] = totals.get(component, 0.0) + value
+    summary = {"run": cfg["run_id"], "method": kind, "steps": steps, "cumulative_flops": cumulative,
+               "flops_by_component": totals, "final_eval": final["results"], "parameters": parameter_count(student),
+               "wall_s": round(time.time() - started, 1), "counted": True}
+    write_json(run_dir / "done.json", summary)
+    return summary

@@ -1,0 +1,169 @@
+"""Matched-FLOP savings (DESIGN.md contract): hand-computed cases, never-matched, tolerance, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from opdgrpo.report.curves import CURVE_COLUMNS, ReportInputError
+from opdgrpo.report.savings import SAVINGS_KEYS, compute_savings, first_crossing_flops, main
+
+# ------------------------------------------------------------------------------------------------------ helpers
+SETS = {"math": ["amc", "aime"], "code": ["lcb"]}
+
+
+def curve_rows(run: str, points: list[tuple[int, float, dict[str, float]]], study: str = "S4") -> list[dict]:
+    """Long-form rows for one run; a math accuracy a is split into sets a+0.1 and a-0.1 (mean a)."""
+    rows = []
+    for step, flops, accs in points:
+        for domain, acc in accs.items():
+            sets = SETS[domain]
+            offsets = [0.1, -0.1] if len(sets) == 2 else [0.0]
+            for s, off in zip(sets, offsets):
+                rows.append(
+                    {"run": run, "study": study, "method": "x", "train_domains": "math+code", "seed": 0,
+                     "step": step, "cumulative_flops": float(flops), "eval_domain": domain, "eval_set": s,
+                     "accuracy": acc + off, "mean_response_length": 10.0}
+                )
+    return rows
+
+
+def both(x: float, y: float | None = None) -> dict[str, float]:
+    """Equal-weight mix helper: math=x, code=y (default x), so the mix accuracy is (x+y)/2."""
+    return {"math": x, "code": x if y is None else y}
+
+
+JOINT = [(0, 0, both(0.2)), (10, 100, both(0.4, 0.5)), (20, 200, both(0.6, 0.5)), (30, 300, both(0.5))]
+EXPERTS = {
+    "e-math": [(0, 0, both(0.2)), (5, 40, both(0.6, 0.2))],
+    "e-code": [(0, 0, both(0.2)), (5, 60, both(0.2, 0.6))],
+}
+
+
+def make_curves(distill: list[tuple[int, float, dict[str, float]]]) -> pd.DataFrame:
+    rows = curve_rows("joint", JOINT) + curve_rows("distill", distill)
+    for run, pts in EXPERTS.items():
+        rows += curve_rows(run, pts)
+    return pd.DataFrame(rows, columns=CURVE_COLUMNS)
+
+
+def savings(distill, **kw):
+    return compute_savings(make_curves(distill), "joint", "distill", ["e-math", "e-code"], **kw)
+
+
+# --------------------------------------------------------------------------------------------------------- tests
+def test_interpolated_between_eval_points_by_hand() -> None:
+    # joint mix: 0.2, 0.45, 0.55, 0.5 -> target 0.55 first reached at 200 FLOPs; experts 40 + 60 = 100.
+    # distill mix 0.2 @0, 0.4 @10, 0.6 @20: crosses 0.55 at 10 + (0.55-0.4)/(0.6-0.4)*10 = 17.5.
+    r = savings([(0, 0, both(0.2)), (1, 10, both(0.4)), (2, 20, both(0.6))])
+    assert list(r) == SAVINGS_KEYS
+    assert r["target_accuracy"] == pytest.approx(0.55)
+    assert r["joint_flops"] == 200.0
+    assert r["expert_flops"] == 100.0
+    assert r["distill_flops"] == pytest.approx(17.5)
+    assert r["pipeline_flops"] == pytest.approx(117.5)
+    assert r["savings"] == pytest.approx(1 - 117.5 / 200)  # 0.4125
+    assert r["distill_share"] == pytest.approx(0.175)
+
+
+def test_exactly_matched_at_an_eval_point() -> None:
+    r = savings([(0, 0, both(0.2)), (1, 10, both(0.4)), (2, 20, both(0.55)), (3, 30, both(0.7))])
+    assert r["distill_flops"] == pytest.approx(20.0)
+    assert r["savings"] == pytest.approx(1 - 120 / 200)
+
+
+def test_reached_at_first_point_takes_its_flops() -> None:
+    r = savings([(5, 8, both(0.6)), (10, 16, both(0.7))])
+    assert r["distill_flops"] == 8.0
+
+
+def test_never_matched() -> None:
+    r = savings([(0, 0, both(0.2)), (1, 10, both(0.4)), (2, 20, both(0.5))])
+    assert r["savings"] is None
+    assert r["distill_flops"] is None and r["pipeline_flops"] is None and r["distill_share"] is None
+    assert "distill" in r["reason"] and "never reached" in r["reason"]
+    assert r["target_accuracy"] == pytest.approx(0.55) and r["joint_flops"] == 200.0 and r["expert_flops"] == 100.0
+
+
+def test_tolerance_in_accuracy_points() -> None:
+    pts = [(0, 0, both(0.2)), (1, 10, both(0.4)), (2, 20, both(0.5))]
+    assert savings(pts, tolerance=5.0)["distill_flops"] == pytest.approx(20.0)  # threshold 0.50
+    assert savings(pts, tolerance=10.0)["distill_flops"] == pytest.approx(15.0)  # threshold 0.45
+    assert savings(pts, tolerance=4.9)["savings"] is None
+    with pytest.raises(ReportInputError):
+        savings(pts, tolerance=-1.0)
+
+
+def test_expert_final_flops_override_and_domain_mean_over_sets() -> None:
+    pts = [(0, 0, both(0.2)), (1, 10, both(0.4)), (2, 20, both(0.6))]
+    r = savings(pts, expert_final_flops={"e-math": 50.0})
+    assert r["expert_flops"] == 110.0
+    # math's two sets are 0.5 and 0.7 at joint step 20: the domain mean (0.6), not a set mean, enters the mix
+    assert r["target_accuracy"] == pytest.approx((0.6 + 0.5) / 2)
+
+
+def test_single_domain_mix_and_first_of_tied_best() -> None:
+    r = savings([(0, 0, both(0.2)), (1, 10, both(0.7))], domains=["code"])
+    # joint code: 0.2, 0.5, 0.5, 0.5 -> target 0.5, first reached at 100
+    assert r["target_accuracy"] == pytest.approx(0.5)
+    assert r["joint_flops"] == 100.0
+    assert r["distill_flops"] == pytest.approx(0 + (0.5 - 0.2) / (0.7 - 0.2) * 10)
+
+
+def test_errors_name_run_and_domain() -> None:
+    curves = make_curves([(0, 0, both(0.2))])
+    with pytest.raises(ReportInputError, match="nosuchrun"):
+        compute_savings(curves, "joint", "nosuchrun", ["e-math"])
+    with pytest.raises(ReportInputError, match="chem"):
+        compute_savings(curves, "joint", "distill", ["e-math"], domains=["math", "chem"])
+    with pytest.raises(ReportInputError, match="accuracy"):
+        compute_savings(curves.drop(columns="accuracy"), "joint", "distill", ["e-math"])
+
+
+def test_first_crossing_skips_nan_points() -> None:
+    assert first_crossing_flops([0, 10, 20], [0.2, np.nan, 0.6], 0.4) == pytest.approx(10.0)
+    assert first_crossing_flops([0, 10], [0.2, 0.3], 0.4) is None
+
+
+# ----------------------------------------------------------------------------------------------------------- CLI
+@pytest.fixture()
+def curves_csv(tmp_path):
+    path = tmp_path / "curves.csv"
+    make_curves([(0, 0, both(0.2)), (1, 10, both(0.4)), (2, 20, both(0.6))]).to_csv(path, index=False)
+    return path
+
+
+def test_cli_prints_one_json_object(curves_csv, capsys) -> None:
+    argv = ["--curves", str(curves_csv), "--joint", "joint", "--distill", "distill", "--experts", "e-math", "e-code"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert len(out.strip().splitlines()) == 1
+    obj = json.loads(out)
+    assert obj["savings"] == pytest.approx(0.4125)
+    assert main([*argv, "--tolerance", "10"]) == 0
+    # threshold 0.55 - 0.10 = 0.45, between 0.4 @10 and 0.6 @20: 10 + 0.05/0.2*10
+    assert json.loads(capsys.readouterr().out)["distill_flops"] == pytest.approx(12.5)
+
+
+def test_cli_errors_exit_nonzero(curves_csv, tmp_path, capsys) -> None:
+    assert main(["--curves", str(curves_csv), "--joint", "joint", "--distill", "ghost", "--experts", "e-math"]) != 0
+    err = capsys.readouterr()
+    assert "ghost" in err.err and err.out == ""
+    bad = tmp_path / "bad.csv"
+    pd.read_csv(curves_csv).drop(columns="cumulative_flops").to_csv(bad, index=False)
+    assert main(["--curves", str(bad), "--joint", "joint", "--distill", "distill", "--experts", "e-math"]) != 0
+    assert "cumulative_flops" in capsys.readouterr().err
+
+
+def test_python_dash_m_entry(curves_csv) -> None:
+    cmd = [sys.executable, "-m", "opdgrpo.report.savings", "--curves", str(curves_csv), "--joint", "joint",
+           "--distill", "distill", "--experts", "e-math", "e-code"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["pipeline_flops"] == pytest.approx(117.5)
+    assert proc.stderr == ""

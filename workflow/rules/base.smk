@@ -1,0 +1,30 @@
+# Base stage: the shared tokenizer and each model's pretraining (not counted as post-training).
+
+
+rule tokenizer:
+    output:
+        f"{ROOT}/base/tokenizer/done.json",
+    params:
+        cfg=lambda w: job_config("tokenizer"),
+        out=f"{ROOT}/base/tokenizer",
+    log:
+        f"{LOGS}/tokenizer.log",
+    shell:
+        "opdgrpo tokenizer --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"
+
+
+rule pretrain:
+    input:
+        lambda w: upstream_done(f"base-{w.model}"),
+    output:
+        f"{ROOT}/base/{{model}}/done.json",
+    wildcard_constraints:
+        model=id_pattern([j.label for j in PLAN.by_kind("base")]),
+    params:
+        cfg=lambda w: job_config(f"base-{w.model}"),
+        out=lambda w: PLAN.jobs[f"base-{w.model}"].out_dir,
+    threads: THREADS
+    log:
+        f"{LOGS}/base-{{model}}.log",
+    shell:
+        "opdgrpo pretrain --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"

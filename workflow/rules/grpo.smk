@@ -1,0 +1,18 @@
+# GRPO runs: per-domain experts, joint GRPO on a domain mix, and GRPO-trained teachers.
+
+
+rule grpo:
+    input:
+        lambda w: upstream_done(w.run),
+    output:
+        f"{ROOT}/runs/{{run}}/done.json",
+    wildcard_constraints:
+        run=id_pattern(job_ids("train", "grpo")),
+    params:
+        cfg=lambda w: job_config(w.run),
+        out=lambda w: PLAN.jobs[w.run].out_dir,
+    threads: THREADS
+    log:
+        f"{LOGS}/{{run}}.log",
+    shell:
+        "opdgrpo train --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"

@@ -1,0 +1,36 @@
+# The report: curves, plots, savings and claims from every run directory of this profile.
+# Figures and tables are registered with report(), so `snakemake --report report.html` gives one page.
+
+REPORT_DIR = f"{ROOT}/report"
+REPORT_STUDIES = [s for s in PLAN.report_spec["studies"]]
+REPORT_FIGURES = [f"{REPORT_DIR}/{s}_accuracy.png" for s in REPORT_STUDIES]
+if "S1b" in REPORT_STUDIES:
+    REPORT_FIGURES.append(f"{REPORT_DIR}/S1b_length.png")
+REPORT_OUTPUTS = [
+    f"{REPORT_DIR}/curves.csv",
+    f"{REPORT_DIR}/savings.csv",
+    f"{REPORT_DIR}/savings.md",
+    f"{REPORT_DIR}/claims.md",
+    *REPORT_FIGURES,
+]
+
+
+rule report:
+    input:
+        runs=[j.done for j in PLAN.runs()],
+        base=[j.done for j in PLAN.by_kind("base")],
+    output:
+        report(f"{REPORT_DIR}/curves.csv", category="Tables", caption="../report/curves.rst"),
+        report(f"{REPORT_DIR}/savings.csv", category="Tables", caption="../report/savings.rst"),
+        f"{REPORT_DIR}/savings.md",
+        report(f"{REPORT_DIR}/claims.md", category="Tables", caption="../report/claims.rst"),
+        *[report(f, category="Figures", caption="../report/figure.rst") for f in REPORT_FIGURES],
+    params:
+        spec=json.dumps(PLAN.report_spec, sort_keys=True),
+        out=REPORT_DIR,
+        runs=f"{ROOT}/runs",
+    log:
+        f"{LOGS}/report.log",
+    shell:
+        "mkdir -p {params.out} && printf '%s' {params.spec:q} > {params.out}/spec.json && "
+        "opdgrpo report --spec {params.out}/spec.json --runs {params.runs} --out {params.out} > {log} 2>&1"
