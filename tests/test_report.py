@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from opdgrpo.report.build import build_report, main
+from opdgrpo.report.build import build_report, consolidation_rows, main
 from opdgrpo.report.claims import CLAIMS, claims_table
 from opdgrpo.report.curves import (
     CURVE_COLUMNS,
@@ -19,6 +19,7 @@ from opdgrpo.report.curves import (
     flop_unit,
     format_flops,
     load_curves,
+    load_final_flops,
     mix_accuracy,
 )
 from opdgrpo.report.plots import Line, Panel, render
@@ -250,8 +251,14 @@ def test_build_report_writes_every_contracted_file(world, tmp_path) -> None:
 def test_done_json_final_flops_charged_to_experts(world, tmp_path) -> None:
     spec, spec_path, runs = world
     (runs / "grpo-math-s0" / "done.json").write_text(json.dumps({"cumulative_flops": 2.0e13}))
-    result = build_report(spec_path, runs, tmp_path / "out")
-    assert result["savings"][0]["expert_flops"] == pytest.approx(2.0e13 + 1.6e13)
+    (runs / "grpo-code-s0" / "done.json").unlink()  # falls back to the ledger's last step
+    (runs / "grpo-code-s0" / "ledger.jsonl").write_text(
+        json.dumps({"step": 0, "cumulative_flops": 1e12}) + "\n" + json.dumps({"step": 9, "cumulative_flops": 1.8e13})
+    )
+    final = load_final_flops(runs, ["grpo-math-s0", "grpo-code-s0", "opd-self-n1-math-s0"])
+    assert final == {"grpo-math-s0": 2.0e13, "grpo-code-s0": 1.8e13}  # no done.json, no ledger: left out
+    rows = consolidation_rows(spec, load_curves(spec, runs), final)
+    assert rows[0]["expert_flops"] == pytest.approx(2.0e13 + 1.8e13)
 
 
 def test_claims_fail_and_not_measured(world, tmp_path) -> None:
@@ -310,3 +317,32 @@ def test_report_cli(world, tmp_path, capsys) -> None:
     assert str(out / "curves.csv") in capsys.readouterr().out
     assert main(["--spec", str(tmp_path / "nope.json"), "--runs", str(runs), "--out", str(out)]) != 0
     assert "nope.json" in capsys.readouterr().err
+
+
+def test_multi_seed_study_entries(world, tmp_path) -> None:
+    """The planner writes {"title", "seeds": [entry, ...]} for several seeds: one savings row per seed, claims
+    hold only if they hold for every seed."""
+    import shutil
+
+    spec, spec_path, runs = world
+    s4 = spec["studies"]["S4"]
+    members = [s4["joint"], s4["distill"], *s4["experts"]]
+    for run in members:
+        shutil.copytree(runs / run, runs / f"{run}-seed1")
+        spec["runs"].append({"run": f"{run}-seed1", "studies": ["S4"], "method": "grpo", "train_domains": ["math"],
+                             "seed": 1})
+    write_run(runs, f"{s4['distill']}-seed1", curve(sat(0.15, 0.3, 2), 3e11))  # never reaches the target
+    s4_seed1 = dict(s4, joint=f"{s4['joint']}-seed1", distill=f"{s4['distill']}-seed1",
+                    experts=[f"{e}-seed1" for e in s4["experts"]])
+    spec["studies"]["S4"] = {"title": s4["title"], "seeds": [s4, s4_seed1]}
+    spec_path.write_text(json.dumps(spec))
+    out = tmp_path / "report"
+    result = build_report(spec_path, runs, out)
+    sav = pd.read_csv(out / "savings.csv")
+    assert sav["seed"].tolist() == [0, 1] and sav["status"].tolist() == ["matched", "not matched"]
+    rows = {ln.split("**")[1]: ln for ln in (out / "claims.md").read_text().splitlines() if ln.startswith("| **")}
+    assert "seed 0:" in rows["S4-savings"] and "seed 1:" in rows["S4-savings"]
+    assert "does not hold for 1/2 seeds" in rows["S4-savings"]
+    assert "S4 (seed 1)" in (out / "savings.md").read_text()
+    assert (out / "S4_accuracy.png").stat().st_size > 0
+    assert any("S4" in n and "seed" in n for n in result["notes"])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -160,9 +159,7 @@ def test_sleeper_that_escapes_the_process_group_does_not_survive():
 
 
 def test_sleeper_is_killed_at_timeout_too():
-    src = _DOUBLE_FORK.format(setsid="pass").replace("print(", "import sys\nprint(").replace(
-        "os.read(r, 64).decode())", "os.read(r, 64).decode(), flush=True)\ntime.sleep(60)"
-    )
+    src = _DOUBLE_FORK.format(setsid="pass") + "import sys\nsys.stdout.flush()\ntime.sleep(60)\n"
     r = run_python(src, timeout_s=1)
     assert r.status == "timeout"
     assert _gone(int(r.stdout))
@@ -175,7 +172,11 @@ def test_network_is_cut():
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        src = f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    print('connected')\nexcept OSError as e:\n    print('refused', e)\n"
+        src = (
+            "import socket\ntry:\n"
+            f"    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    print('connected')\n"
+            "except OSError as e:\n    print('refused', e)\n"
+        )
         r = run_python(src)
     assert r.status == "ok" and r.stdout.startswith("refused")
 
@@ -193,7 +194,6 @@ def test_safe_from_several_threads():
         results = list(pool.map(one, range(24)))
     for i, r in results:
         assert r.status == "ok" and r.stdout == f"{i * 7}\n" and r.stderr == f"{i}\n"
-    assert threading.active_count() >= 1
 
 
 def test_isolation_probe_reports_booleans():

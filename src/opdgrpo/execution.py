@@ -205,9 +205,10 @@ def _score(item: _Item, record: dict[str, Any]) -> CheckOutcome:
     if not entries:
         return CheckOutcome(0, total, died)
     head, results = entries[0], entries[1:]
-    if head[0] != "c":
-        status = {"s": "syntax", "t": "timeout", "n": "runtime"}.get(head[0])
-        if head[0] == "x":
+    tag = head[0] if isinstance(head[0], str) else None
+    if tag != "c":
+        status = {"s": "syntax", "t": "timeout", "n": "runtime"}.get(tag)  # type: ignore[arg-type]
+        if tag == "x":
             status = "memory" if head[1:] == ["MemoryError"] else "runtime"
         return CheckOutcome(0, total, status or "sandbox")
     if len(results) > total:
@@ -242,12 +243,15 @@ def _failed(item: _Item, result: SandboxResult) -> CheckOutcome:
 # Per item, the forked child sends JSON lines on a pipe: a header (["c"] compiled and found the
 # function, ["s"] syntax error, ["x", exc] module code raised, ["t"] module code timed out,
 # ["n"] no such function) and then per test ["v", value], ["e", exc], ["t"] (and stop),
-# ["u"] not JSON-serialisable, ["b"] longer than the cap. The parent re-encodes what it parsed, so
+# ["u"] not JSON-serialisable, ["b"] longer than the cap; finally ["d"]. The parent re-encodes what it parsed, so
 # nothing the child writes reaches stdout verbatim.
 _HARNESS = r'''
 import json, os, select, signal, sys, time
 
 _exit, _write, _dumps = os._exit, os.write, json.dumps  # bound before any user code runs
+
+
+_DONE = '["d"]'  # last line from an item: the harness need not wait for EOF (a daemon may hold the pipe)
 
 
 class _Timeout(BaseException):
@@ -316,8 +320,16 @@ def _child(item, fd, limit):
                 _send(fd, '["b"]')
             else:
                 _send(fd, '["v",' + text + "]")
+    except _Timeout:  # an alarm that fired just after a call returned
+        _send(fd, '["t"]')
     finally:
-        _exit(0)
+        try:
+            _send(fd, _DONE)
+        finally:
+            _exit(0)
+
+
+DONE_LINE = (_DONE + "\n").encode()
 
 
 def _run_item(index, item, limit, slack):
@@ -354,6 +366,9 @@ def _run_item(index, item, limit, slack):
         data += chunk
         if len(data) > max_bytes:
             record["end"] = "protocol"
+            break
+        if data.endswith(DONE_LINE):
+            data = data[: -len(DONE_LINE)]
             break
     os.close(read_end)
     for kill in (os.killpg, os.kill):  # the item and anything it started in its group

@@ -91,7 +91,7 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     tokenizer.save_pretrained(out_dir / "checkpoint")
     summary = {
         "model": cfg["name"], "style": style, "steps": steps, "parameters": parameter_count(model),
-        "pretrain_flops": total_flops, "counted": False, "final_loss": float(loss), "heldout": results,
+        "pretrain_flops": total_flops, "counted": False, "final_loss": loss.item(), "heldout": results,
         "wall_s": round(time.time() - started, 1),
     }
     write_json(out_dir / "done.json", summary)

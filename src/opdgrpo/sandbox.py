@@ -88,7 +88,8 @@ def enter_namespaces():
     if not unshare(NEWUSER | NEWNET | NEWPID):
         return False
     try:
-        for name, text in (("uid_map", "%d %d 1" % (uid, uid)), ("setgroups", "deny"), ("gid_map", "%d %d 1" % (gid, gid))):
+        maps = (("uid_map", "%d %d 1" % (uid, uid)), ("setgroups", "deny"), ("gid_map", "%d %d 1" % (gid, gid)))
+        for name, text in maps:
             with open("/proc/self/" + name, "w") as fh:
                 fh.write(text)
     except OSError:
@@ -194,8 +195,9 @@ class SandboxResult:
     ``"timeout"`` (wall clock), ``"cpu"`` (RLIMIT_CPU, SIGXCPU), ``"memory"`` (MemoryError under the
     address-space limit), ``"output"`` (stdout or stderr over the cap; both are truncated),
     ``"signal"`` (killed by another signal), ``"error"`` (nonzero exit) or ``"sandbox"`` (the sandbox
-    itself could not start or set its limits). ``returncode`` is negative for a signal, ``None`` when
-    no process ran.
+    itself could not start or set its limits). A program that handles SIGXCPU is SIGKILLed one CPU
+    second later and reads ``"signal"``. ``returncode`` is negative for a signal, ``None`` when no
+    process ran.
     """
 
     status: str

@@ -1,10 +1,10 @@
 """Code: the tiny world's stand-in for LiveCodeBench.
 
-The prompt shows a function's values at a few inputs and opens its definition, e.g.
-``code f(0)=3 f(1)=7 f(2)=11 def f(x):``. The model writes the body; the program is executed in the
-sandbox (:mod:`opdgrpo.execution`) against hidden inputs it never saw, so a memorised table of the
-visible values fails. A brief student writes ``return x*4+3``; a thinking teacher writes code that
-works it out (``b=3``, ``a=7-b``, ``return x*a+b`` on separate lines). Reward: all hidden tests pass
+The prompt shows a function's values at a few inputs, e.g. ``code 0:3 1:7 2:11`` and a newline. The
+model writes the body of ``def f(x):``; the program is executed in the sandbox (:mod:`opdgrpo.execution`)
+against hidden inputs it never saw, so a memorised table of the visible values fails. A brief student
+writes `` return x*4+3``; a thinking teacher writes code that works it out (``b=3``, ``a=7-b``,
+``return x*a+b`` on separate lines). Reward: all hidden tests pass
 (``reward: all``, as pass@1) or the fraction passed (``reward: fraction``).
 """
 
@@ -52,9 +52,9 @@ class CodeDomain:
 
     def _task(self, expr: str) -> Task:
         values = {x: eval(expr, {}, {"x": x}) for x in self.visible_x + self.hidden_x}  # noqa: S307
-        shown = " ".join(f"f({x})={values[x]}" for x in self.visible_x)
+        shown = " ".join(f"{x}:{values[x]}" for x in self.visible_x)
         tests = tuple(((x,), values[x]) for x in self.hidden_x)
-        return Task(self.name, f"{self.prefix}{shown} def f(x):", tests, {"expression": expr, "values": values})
+        return Task(self.name, f"{self.prefix}{shown}\n", tests, {"expression": expr, "values": values})
 
     def _pool(self, reserved: bool, size: int | None, seed: str) -> list[Task]:
         exprs = [e for e, r in self._space if r == reserved]
@@ -92,14 +92,14 @@ class CodeDomain:
         if _linear(expr):
             b = values[0] if x0 == 0 else None
             if b is not None and x1 == 1:
-                return f"\n b={values[0]}\n a={values[1]}-b\n return x*a+b"
-            return f"\n return {expr}"
+                return f" b={values[0]}\n a={values[1]}-b\n return x*a+b"
+            return f" return {expr}"
         if expr.startswith("x*x*"):
-            return f"\n a={values[1]}\n return x*x*a"
-        return f"\n b={values[0]}\n return x*x+b"
+            return f" a={values[1]}\n return x*x*a"
+        return f" b={values[0]}\n return x*x+b"
 
     def program(self, completion: str) -> str:
-        return "def f(x):" + completion + "\n"
+        return "def f(x):\n" + completion + "\n"
 
     def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
         checks = [ProgramCheck(self.program(c), "f", t.answer) for t, c in zip(tasks, completions, strict=True)]

@@ -2,7 +2,7 @@
 
 Prompts are expressions over single digits with ``+ - *`` and the usual precedence, e.g.
 ``calc 7*3-5=``. A base student answers briefly (``16``); a "thinking" teacher works step by step
-(``7*3=21 21-5=16 answer 16``). The verifier reads the last integer of the response, so either style
+(``7*3=21 21-5=16``). The verifier reads the last integer of the response, so either style
 scores. Held-out sets reserve a hashed share of each instance space, so no held-out expression is ever
 a training or pretraining prompt; the harder set uses more operators (a shifted distribution).
 """
@@ -114,7 +114,7 @@ class MathDomain:
         check_style(style)
         if style == "brief":
             return str(task.answer)
-        return " ".join(list(task.meta["steps"]) + [f"answer {task.answer}"])
+        return " ".join(task.meta["steps"])
 
     def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
         return [float(extract_answer(c) == t.answer) for t, c in zip(tasks, completions, strict=True)]

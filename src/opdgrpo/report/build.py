@@ -248,6 +248,39 @@ def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
 
 
 # -------------------------------------------------------------------------------------------------------- build
+def draw_figures(
+    spec: Mapping[str, Any], keys: Sequence[str], curves: pd.DataFrame, rows: Sequence[Mapping[str, Any]],
+    notes: list[str],
+) -> dict[str, Figure]:
+    """Every registered study's figures, ``{file stem: Figure}``; with several seeds, the first seed's.
+
+    A study whose runs cannot be drawn (e.g. a run never evaluates the compared domain) raises naming the study,
+    rather than leaving a contracted figure silently missing.
+    """
+    labels = {e["run"]: e.get("label", e["run"]) for e in spec["runs"]}
+    first_rows: dict[str, Mapping[str, Any]] = {}
+    for r in rows:
+        first_rows.setdefault(r["study"], r)
+    ctx = PlotContext(curves=curves, labels=labels, savings=first_rows, notes=notes)
+    figures: dict[str, Figure] = {}
+    for key in keys:
+        plotter = PLOTTERS.get(key)
+        if plotter is None:
+            notes.append(f"study {key}: no figure registered")
+            continue
+        instances = study_instances(spec["studies"][key])
+        study = dict(instances[0])
+        if len(instances) > 1:  # figures show the first seed; savings.csv and claims.md cover every seed
+            seed = instance_seed(dict(spec), study)
+            study["title"] = f"{study.get('title', key)} (seed {seed}, first of {len(instances)})"
+            notes.append(f"study {key}: figure shows seed {seed} of {len(instances)} planned seeds")
+        try:
+            figures.update(plotter(key, study, ctx))
+        except (KeyError, ValueError) as exc:
+            raise ReportInputError(f"study {key}: cannot draw its figure: {exc}") from exc
+    return figures
+
+
 def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, Any]:
     """Write every report file; return ``{"written": [paths], "notes": [str], "savings": [rows]}``.
 
@@ -263,31 +296,17 @@ def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, An
     rows = consolidation_rows(spec, curves, final_flops)
     profile = str(spec["profile"])
 
+    claims = claims_table(spec, curves, rows)
+    figures = draw_figures(spec, keys, curves, rows, notes)  # all drawn before anything is written
+
     written: list[Path] = []
     written.append(_atomic(out_dir / "curves.csv", lambda tmp: curves.to_csv(tmp, index=False)))
     table = pd.DataFrame(rows, columns=SAVINGS_COLUMNS)
     written.append(_atomic(out_dir / "savings.csv", lambda tmp: table.to_csv(tmp, index=False)))
     written.append(write_text(out_dir / "savings.md", savings_markdown(rows, profile)))
-    written.append(write_text(out_dir / "claims.md", claims_table(spec, curves, rows)))
-
-    labels = {e["run"]: e.get("label", e["run"]) for e in spec["runs"]}
-    first_rows: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        first_rows.setdefault(r["study"], r)
-    ctx = PlotContext(curves=curves, labels=labels, savings=first_rows, notes=notes)
-    for key in keys:
-        plotter = PLOTTERS.get(key)
-        if plotter is None:
-            notes.append(f"study {key}: no figure registered")
-            continue
-        instances = study_instances(spec["studies"][key])
-        study = dict(instances[0])
-        if len(instances) > 1:  # figures show the first seed; savings.csv and claims.md cover every seed
-            seed = instance_seed(spec, study)
-            study["title"] = f"{study.get('title', key)} (seed {seed}, first of {len(instances)})"
-            notes.append(f"study {key}: figure shows seed {seed} of {len(instances)} planned seeds")
-        for stem, fig in plotter(key, study, ctx).items():
-            written.extend(save_figure(fig, out_dir, stem))
+    written.append(write_text(out_dir / "claims.md", claims))
+    for stem, fig in figures.items():
+        written.extend(save_figure(fig, out_dir, stem))
     return {"written": written, "notes": notes, "savings": rows}
 
 

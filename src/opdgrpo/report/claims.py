@@ -16,7 +16,8 @@ reaches" = linearly interpolated as in :mod:`opdgrpo.report.savings`):
   **S3-n1** holds iff ratio(n_min) > 1; **S3-n8** holds iff ratio(n_max) > 1 and ratio(n_min) > ratio(n_max).
   The teacher's own GRPO FLOPs are excluded, as in the paper. If GRPO never reaches it, F_grpo > its final FLOPs
   is used as a bound; ratio(n_min) > ratio(n_max) is then still decided, as it is equivalent to F_opd(n_min) <
-  F_opd(n_max).
+  F_opd(n_max). An OPD run that never reaches it fails its test (ratio 0); a teacher no better than the initial
+  student (reached at 0 FLOPs) makes the ratio undefined: "not measured".
 * **S4-share**: distill share (distillation FLOPs to the target / experts' final FLOPs) < 1.
   **S4-savings**: savings > 0, per DESIGN.md's matched-FLOP contract. A distillation that never reaches the target
   means the pipeline never matches joint GRPO: the claim does not hold.
@@ -101,12 +102,13 @@ CLAIMS: list[ClaimDef] = [
 DIRECTION_TESTS = (
     "Direction tests: **S1/S1b-acc** - for each domain and OPD teacher, GRPO's best accuracy at cumulative FLOPs <= "
     "those of OPD's peak is >= OPD's peak accuracy (holds iff for all pairs). **S1b-len** - OPD's final mean response "
-    "length > GRPO's final, in more than half of S1b's pairs. **S3** - ratio(n) = FLOPs for GRPO to first reach the "
-    "teacher's final accuracy / FLOPs for OPD with n rollouts/prompt to first reach it (linear interpolation between "
-    "evaluation points); S3-n1 holds iff ratio(1) > 1, S3-n8 iff ratio(8) > 1 and ratio(1) > ratio(8). **S4** - "
+    "length > GRPO's final, in more than half of S1b's pairs (the paper says 'often'). **S3** - ratio(n) = FLOPs "
+    "for GRPO to first reach the teacher's final accuracy / FLOPs for OPD with n rollouts/prompt to first reach it (linear interpolation between "
+    "evaluation points); S3-n1 holds iff ratio(n_min) > 1, S3-n8 iff ratio(n_max) > 1 and ratio(n_min) > ratio(n_max), "
+    "with n_min, n_max the spec's fewest and most rollouts per prompt (1 and 8 in the paper). **S4** - "
     "savings = 1 - (experts' final FLOPs + distillation FLOPs to joint GRPO's best mix accuracy) / joint GRPO's FLOPs "
     "to that accuracy > 0 (S4-savings); distillation FLOPs / experts' FLOPs < 1 (S4-share). Accuracy of a domain = "
-    "mean of its held-out sets."
+    "mean of its held-out sets. With several seeds a claim holds iff it holds for every seed."
 )
 
 Verdicts = dict[str, tuple[str, str]]  # claim id -> (ours, verdict)
@@ -221,9 +223,12 @@ def eval_s3(study: Mapping[str, Any], curves: pd.DataFrame, savings: Mapping[str
         n8 = int(str(n_max[0]))
         text8, r8, why8 = ratio_text(n8)
         ours = f"{head}; {text1}; {text8}"
-        if why8 is not None or why1 is not None:
-            kind = FAILS if f_opd[n8] is None else UNMEASURED
-            out["S3-n8"] = (ours, f"{kind}: {why8 or why1}")
+        zero = [n for n in (n1, n8) if f_opd[n] is not None and f_opd[n] <= 0]
+        never = [n for n in (n1, n8) if f_opd[n] is None]
+        if zero:
+            out["S3-n8"] = (ours, f"{UNMEASURED}: {why1 if n1 in zero else why8}")
+        elif never:  # a run that never reaches the teacher has ratio 0: the n_max test cannot pass
+            out["S3-n8"] = (ours, f"{FAILS}: {why1 if n1 in never else why8}")
         else:
             # Both ratios share the numerator F_grpo, so ratio(n_min) > ratio(n_max) <=> F_opd(n_min) < F_opd(n_max).
             above_one = r8 > 1 if f_grpo is not None else grpo_total >= f_opd[n8]
@@ -262,7 +267,8 @@ def eval_s4(study: Mapping[str, Any], curves: pd.DataFrame, savings: Mapping[str
     if sv is None:
         out["S4-savings"] = (txt, f"{UNMEASURED}: {sav.get('reason', 'savings undefined')}")
     else:
-        out["S4-savings"] = (f"{100 * sv:.1f}% fewer total FLOPs: {txt}",
+        more_or_less = "fewer" if sv >= 0 else "more"
+        out["S4-savings"] = (f"{100 * abs(sv):.1f}% {more_or_less} total FLOPs: {txt}",
                              HOLDS if sv > 0 else f"{FAILS}: the pipeline costs more than joint GRPO")
     return out
 
@@ -302,10 +308,13 @@ def _combine(per_seed: list[tuple[Any, str, str]]) -> tuple[str, str]:
     ours = "; ".join(f"seed {seed}: {o}" for seed, o, _ in per_seed)
     failing = [(seed, v) for seed, _, v in per_seed if v.startswith(FAILS)]
     unmeasured = [(seed, v) for seed, _, v in per_seed if v.startswith(UNMEASURED)]
+    def why(verdict: str) -> str:
+        return verdict.split(":", 1)[1].strip() if ":" in verdict else verdict
+
     if failing:
-        return ours, f"{FAILS} for {len(failing)}/{len(per_seed)} seeds (seed {failing[0][0]}: {failing[0][1]})"
+        return ours, f"{FAILS} for {len(failing)}/{len(per_seed)} seeds (seed {failing[0][0]}: {why(failing[0][1])})"
     if unmeasured:
-        return ours, f"{UNMEASURED} for seed {unmeasured[0][0]} ({unmeasured[0][1]})"
+        return ours, f"{UNMEASURED} for seed {unmeasured[0][0]}: {why(unmeasured[0][1])}"
     return ours, HOLDS
 
 

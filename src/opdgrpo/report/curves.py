@@ -244,6 +244,8 @@ def run_curve(curves: pd.DataFrame, run: str) -> pd.DataFrame:
     rows = curves[curves["run"] == run]
     if rows.empty:
         raise ReportInputError(f"run '{run}' not found in the curves table")
+    if "study" not in rows.columns:
+        return rows
     first_study = rows["study"].iloc[0]
     return rows[rows["study"] == first_study]
 

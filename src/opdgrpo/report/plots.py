@@ -139,7 +139,7 @@ def render(panels: Sequence[Panel], title: str, caption: str = STEP0_CAPTION) ->
             ax.plot(sx([x]), [y], marker="*", markersize=12, linestyle="none", color="#bcbd22",
                     markeredgecolor="black", label=label)
         ax.set_xscale("log")
-        ax.set_xlim(x0 / 2 if has_zero else min(scaled_pos) / 2, 10.0 ** hi_dec)
+        ax.set_xlim(x0 / 2 if has_zero else min(scaled_pos) / 2, max(10.0**hi_dec, 1.5 * max(scaled_pos)))
         ax.xaxis.set_major_locator(FixedLocator(ticks))
         ax.xaxis.set_major_formatter(FuncFormatter(fmt))
         ax.xaxis.set_minor_locator(LogLocator(subs=tuple(range(2, 10))))
@@ -246,16 +246,19 @@ def plot_consolidation(key: str, study: Mapping[str, Any], ctx: PlotContext) -> 
     """
     domains = list(study["domains"])
     joint, distill, experts = study["joint"], study["distill"], list(study["experts"])
-    runs = [(joint, "-"), (distill, "--")] + [(e, ":") for e in experts]
+    runs = [(joint, "-", ctx.label(joint)), (distill, "--", ctx.label(distill))]
+    for e in experts:  # experts often share a label ("GRPO"): name their training domains
+        trained = run_curve(ctx.curves, e)["train_domains"].iloc[0]
+        runs.append((e, ":", f"{ctx.label(e)} expert ({trained})"))
     panels = []
     for domain in domains:
         panel = Panel(title=domain, ylabel="held-out accuracy (%)")
-        for run, ls in runs:
+        for run, ls, label in runs:
             try:
                 flops, y = domain_series(ctx.curves, run, domain)
             except ValueError:
                 continue  # an expert need not evaluate the other domains
-            panel.lines.append(Line(ctx.label(run), flops, y, linestyle=ls, color_key=run))
+            panel.lines.append(Line(label, flops, y, linestyle=ls, color_key=run))
         panels.append(panel)
     sav = ctx.savings.get(key, {})
     expert_flops = sav.get("expert_flops")

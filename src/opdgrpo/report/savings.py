@@ -38,7 +38,6 @@ import pandas as pd
 from opdgrpo.report.curves import (
     CURVE_COLUMNS,
     ReportInputError,
-    format_flops,
     format_pct,
     load_final_flops,
     mix_accuracy,
@@ -120,7 +119,7 @@ def compute_savings(
     Returns the keys of :data:`SAVINGS_KEYS`, plus ``reason`` when the target is not matched (``savings`` None).
     Raises :class:`ReportInputError` naming the run or column when an input is missing.
     """
-    missing_cols = [c for c in ("run", "study", "step", "cumulative_flops", "eval_domain", "accuracy") if c not in curves]
+    missing_cols = [c for c in ("run", "step", "cumulative_flops", "eval_domain", "accuracy") if c not in curves]
     if missing_cols:
         raise ReportInputError(f"curves table is missing column(s) {missing_cols}")
     if not experts:
@@ -181,17 +180,6 @@ def compute_savings(
         return result
     result["savings"] = float(1.0 - pipeline / joint_flops)
     return result
-
-
-def describe(result: Mapping[str, Any]) -> str:
-    """One human-readable line for a savings result (used by savings.md and claims.md)."""
-    if result.get("savings") is None:
-        return f"not matched: {result.get('reason', 'unknown reason')}"
-    return (
-        f"savings {100 * result['savings']:.1f}% (pipeline {format_flops(result['pipeline_flops'])} = experts "
-        f"{format_flops(result['expert_flops'])} + distillation {format_flops(result['distill_flops'])} vs joint "
-        f"{format_flops(result['joint_flops'])} at target {format_pct(result['target_accuracy'])})"
-    )
 
 
 # -------------------------------------------------------------------------------------------------------------- CLI

@@ -1,0 +1,32 @@
+"""Shared fixtures: a smoke-scale world (tokenizer and base models) built once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from opdgrpo.config import compose
+from opdgrpo.plan import build_plan
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def smoke_world(tmp_path_factory):
+    """Compose the smoke profile under a temp results dir and build its tokenizer and base models."""
+    from opdgrpo.pretrain import pretrain
+    from opdgrpo.runio import write_json
+    from opdgrpo.tokenizer import build_tokenizer, save_tokenizer
+
+    root = tmp_path_factory.mktemp("world")
+    cfg = compose(["profile=smoke", f"results_dir={root}/results"], REPO / "conf")
+    plan = build_plan(cfg)
+    tok_job = plan.jobs["tokenizer"]
+    tc = tok_job.config
+    save_tokenizer(build_tokenizer(tc["domains"], tc["tokenizer"]["vocab_size"], tc["tokenizer"]["samples_per_domain"]), Path(tok_job.out_dir))
+    write_json(Path(tok_job.done), {})
+    for job in plan.by_kind("base"):
+        if job.label in ("student", "teacher_m"):
+            pretrain(job.config, Path(job.out_dir))
+    return cfg, plan

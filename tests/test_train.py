@@ -1,0 +1,147 @@
+"""The training loop: contracted run files, exact FLOP accounting per step, and resume after a kill."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from opdgrpo import flops as F
+from opdgrpo.runio import read_jsonl
+from opdgrpo.train import batch_tasks, domain_counts, train
+
+
+def _config(plan, run_id, out_root: Path, **method):
+    cfg = copy.deepcopy(plan.jobs[run_id].config)
+    cfg["method"].update(method)
+    cfg["run_id"] = f"{run_id}-test"
+    return cfg
+
+
+def test_grpo_run_writes_the_contracted_files(smoke_world, tmp_path):
+    _, plan = smoke_world
+    cfg = _config(plan, "grpo-student-math-s0", tmp_path, steps=3)
+    run_dir = tmp_path / "grpo"
+    summary = train(cfg, run_dir)
+    for name in ("config.yaml", "ledger.jsonl", "evals.jsonl", "done.json"):
+        assert (run_dir / name).is_file(), name
+    AutoModelForCausalLM.from_pretrained(run_dir / "checkpoint")
+    ledger = read_jsonl(run_dir / "ledger.jsonl")
+    assert [r["step"] for r in ledger] == [0, 1, 2]
+    running = 0.0
+    for record in ledger:
+        assert set(record["flops"]) == {"rollout", "train", "old_policy", "teacher"}
+        assert record["flops"]["teacher"] == 0 and record["flops"]["rollout"] > 0
+        running += record["step_flops"]
+        assert record["cumulative_flops"] == pytest.approx(running)
+    evals = read_jsonl(run_dir / "evals.jsonl")
+    assert [e["step"] for e in evals] == [0, 2, 3]   # step 0, every eval_every=2, and the last
+    assert evals[0]["cumulative_flops"] == 0 and evals[-1]["cumulative_flops"] == pytest.approx(running)
+    assert {r["eval_set"] for r in evals[0]["results"]} == {"amc", "aime"}
+    assert summary["cumulative_flops"] == pytest.approx(running)
+
+
+def test_opd_counts_teacher_forward_exactly(smoke_world, tmp_path):
+    _, plan = smoke_world
+    cfg = _config(plan, "opd-teacher_m-math-s0", tmp_path, steps=1)
+    run_dir = tmp_path / "opd"
+    train(cfg, run_dir)
+    record = read_jsonl(run_dir / "ledger.jsonl")[0]
+    teacher = AutoModelForCausalLM.from_pretrained(cfg["teachers"]["math"]["path"])
+    student = AutoModelForCausalLM.from_pretrained(cfg["student"]["path"])
+    batch, length = record["tokens"]["train"], None
+    # train tokens = B*L; both passes see the same (B, L) and keep logits for the completion (+1)
+    ratio = record["flops"]["teacher"] / record["flops"]["train"]
+    b = cfg["train"]["prompts_per_step"] * cfg["method"]["rollouts_per_prompt"]
+    length = batch // b
+    for new in range(1, length):
+        t = F.forward_flops(teacher.config, b, length, logits_positions=new + 1)
+        s = F.train_flops(student.config, b, length, logits_positions=new + 1)
+        if t / s == pytest.approx(ratio, rel=1e-12):
+            break
+    else:
+        pytest.fail("teacher/train FLOPs do not correspond to one (B, L) shape")
+    assert record["loss"] >= 0 and record["metrics"]["kl"] >= 0
+
+
+def test_domain_counts_and_batches_are_reproducible():
+    pools = {"math": list(range(30)), "code": list(range(10))}
+    assert domain_counts(pools, 8, "balanced") == {"code": 4, "math": 4}
+    assert domain_counts(pools, 8, "instance") == {"code": 2, "math": 6}
+    with pytest.raises(ValueError, match="train.mix"):
+        domain_counts(pools, 8, "weird")
+    assert batch_tasks(pools, {"math": 3, "code": 1}, 5, 0) == batch_tasks(pools, {"math": 3, "code": 1}, 5, 0)
+    seen = [t for s in range(10) for t in batch_tasks({"math": list(range(30))}, {"math": 3}, s, 0)]
+    assert sorted(seen) == list(range(30))   # one epoch visits every prompt once
+
+
+def _train_subprocess(cfg, run_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "opdgrpo.cli", "train", "--out", str(run_dir), "--config-json", json.dumps(cfg)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def test_kill_and_resume_continues_the_ledger_exactly(smoke_world, tmp_path):
+    """Kill -9 mid-run, rerun: every step appears once and the ledger equals an uninterrupted run's."""
+    _, plan = smoke_world
+    cfg = _config(plan, "grpo-student-math-s0", tmp_path, steps=10)
+    cfg["train"] = dict(cfg["train"], checkpoint_every=3, eval_every=4)
+    reference = tmp_path / "reference"
+    assert _train_subprocess(cfg, reference).wait() == 0
+
+    run_dir = tmp_path / "killed"
+    proc = _train_subprocess(cfg, run_dir)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if len(read_jsonl(run_dir / "ledger.jsonl")) >= 5 and (run_dir / "checkpoint").exists():
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (run_dir / "done.json").exists()
+    assert _train_subprocess(cfg, run_dir).wait() == 0
+
+    got, want = read_jsonl(run_dir / "ledger.jsonl"), read_jsonl(reference / "ledger.jsonl")
+    assert [r["step"] for r in got] == list(range(10))
+    for a, b in zip(got, want):
+        assert a["cumulative_flops"] == b["cumulative_flops"]
+        assert a["reward"] == b["reward"] and a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=1e-9)
+    assert [e["step"] for e in read_jsonl(run_dir / "evals.jsonl")] == [0, 4, 8, 10]
+    assert json.loads((run_dir / "done.json").read_text())["cumulative_flops"] == json.loads((reference / "done.json").read_text())["cumulative_flops"]
+
+
+def test_sigterm_checkpoints_and_a_rerun_resumes(smoke_world, tmp_path):
+    _, plan = smoke_world
+    cfg = _config(plan, "grpo-student-math-s0", tmp_path, steps=40)
+    cfg["train"] = dict(cfg["train"], checkpoint_every=1000, eval_every=1000)
+    run_dir = tmp_path / "term"
+    proc = _train_subprocess(cfg, run_dir)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(read_jsonl(run_dir / "ledger.jsonl")) < 3:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    stopped_at = len(read_jsonl(run_dir / "ledger.jsonl"))
+    assert (run_dir / "checkpoint" / "trainer_state.pt").is_file()
+    assert _train_subprocess(cfg, run_dir).wait() == 0
+    steps = [r["step"] for r in read_jsonl(run_dir / "ledger.jsonl")]
+    assert steps == list(range(40)) and stopped_at < 40
+
+
+def test_changed_config_starts_over(smoke_world, tmp_path):
+    _, plan = smoke_world
+    cfg = _config(plan, "grpo-student-math-s0", tmp_path, steps=2)
+    run_dir = tmp_path / "changed"
+    train(cfg, run_dir)
+    cfg["method"]["lr"] = 5e-5
+    cfg["method"]["steps"] = 3
+    train(cfg, run_dir)
+    assert [r["step"] for r in read_jsonl(run_dir / "ledger.jsonl")] == [0, 1, 2]
+    assert all(r["lr"] == 5e-5 for r in read_jsonl(run_dir / "ledger.jsonl"))
