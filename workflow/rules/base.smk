@@ -10,7 +10,7 @@ rule tokenizer:
     log:
         f"{LOGS}/tokenizer.log",
     shell:
-        "opdgrpo tokenizer --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"
+        "{OPDGRPO} tokenizer --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"
 
 
 rule pretrain:
@@ -27,4 +27,4 @@ rule pretrain:
     log:
         f"{LOGS}/base-{{model}}.log",
     shell:
-        "opdgrpo pretrain --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"
+        "{OPDGRPO} pretrain --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"

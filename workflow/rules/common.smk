@@ -1,6 +1,8 @@
 # Helpers shared by the rules: job lookup, resolved configs as params, upstream inputs.
 import json
 import re
+import shlex
+import sys
 
 
 def job_ids(kind, method=None):
@@ -28,3 +30,7 @@ def upstream_done(job_id):
 
 LOGS = f"{ROOT}/logs"
 THREADS = int(CFG["threads"])
+
+# The package's CLI, run by the interpreter that runs Snakemake (so it works without an activated venv);
+# `--config opdgrpo_cmd=...` replaces it, e.g. for a cluster with its own environment.
+OPDGRPO = config.get("opdgrpo_cmd", f"{shlex.quote(sys.executable)} -m opdgrpo.cli")

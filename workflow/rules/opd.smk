@@ -15,4 +15,4 @@ rule opd:
     log:
         f"{LOGS}/{{run}}.log",
     shell:
-        "opdgrpo train --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"
+        "{OPDGRPO} train --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"

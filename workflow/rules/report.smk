@@ -33,4 +33,4 @@ rule report:
         f"{LOGS}/report.log",
     shell:
         "mkdir -p {params.out} && printf '%s' {params.spec:q} > {params.out}/spec.json && "
-        "opdgrpo report --spec {params.out}/spec.json --runs {params.runs} --out {params.out} > {log} 2>&1"
+        "{OPDGRPO} report --spec {params.out}/spec.json --runs {params.runs} --out {params.out} > {log} 2>&1"

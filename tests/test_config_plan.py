@@ -1,0 +1,81 @@
+"""Config composition, validation before any compute, and the plan's jobs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opdgrpo.config import ConfigError, compose
+from opdgrpo.plan import build_plan
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+
+
+def plan_for(*overrides: str):
+    return build_plan(compose(["profile=smoke", *overrides], CONF))
+
+
+def test_default_profile_is_tiny():
+    assert compose([], CONF)["profile"] == "tiny"
+
+
+def test_plan_covers_every_study_and_shares_runs():
+    plan = plan_for()
+    assert set(plan.report_spec["studies"]) == {"S1", "S1b", "S3", "S4"}
+    expert = plan.jobs["grpo-student-math-s0"]
+    assert set(expert.studies) >= {"S1", "S3", "S4"}
+    distill = plan.jobs["opd-experts-math+code-s0"]
+    assert {"grpo-student-math-s0", "grpo-student-code-s0"} <= set(distill.upstream)
+    assert distill.config["teachers"]["math"]["path"].endswith("runs/grpo-student-math-s0/checkpoint")
+    # S3's self-teacher is the student's own GRPO checkpoint, distilled into the base student
+    self_teacher = plan.jobs["opd-self_n1-math-s0"]
+    assert self_teacher.config["student"]["from"] == "base:student"
+    assert self_teacher.config["method"]["rollouts_per_prompt"] == 1
+
+
+def test_run_configs_hold_only_what_the_run_uses():
+    plan = plan_for()
+    grpo = plan.jobs["grpo-student-code-s0"].config
+    assert grpo["method"]["name"] == "grpo" and "top_k" not in grpo["method"]
+    assert set(grpo["domains"]) == {"code"} and grpo["teachers"] == {}
+
+
+def test_an_opd_edit_changes_only_opd_job_configs():
+    before, after = plan_for(), plan_for("methods.opd.top_k=8")
+    changed = {j for j in before.jobs if before.jobs[j].config != after.jobs[j].config}
+    assert changed == {j.id for j in before.runs() if j.config["method"]["name"] == "opd"}
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("methods.grpo.group_size=1", "methods.grpo.group_size"),
+        ("methods.opd.lr=0", "methods.opd.lr"),
+        ("methods.grpo.lr=-1e-4", "methods.grpo.lr"),
+        ("methods.opd.top_k=100000", "methods.opd.top_k"),
+        ("train.eval.k=0", "train.eval.k"),
+        ("seeds=[]", "seeds"),
+        ("threads=two", "threads"),
+        ("+studies.S9={title: x}", "studies.S9"),
+        ("studies.S1.domains=[poetry]", "poetry"),
+        ("studies.S1.teachers=[teacher_xl]", "teacher_xl"),
+    ],
+)
+def test_bad_config_fails_early_naming_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        plan_for(override)
+
+
+def test_unknown_profile_is_named():
+    with pytest.raises(ConfigError, match="profile"):
+        compose(["profile=huge"], CONF)
+
+
+def test_plan_command_lists_jobs():
+    out = subprocess.run([sys.executable, "-m", "opdgrpo.cli", "plan", "profile=smoke", "--conf-dir", str(CONF)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "opd-experts-math+code-s0" in out and "tokenizer" in out

@@ -1,0 +1,102 @@
+"""The smoke DAG end to end through Snakemake, in a temp directory, checking every contracted file;
+then what a config edit reschedules."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from opdgrpo.config import compose
+from opdgrpo.plan import build_plan
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile")]
+CURVE_COLUMNS = ["run", "study", "method", "train_domains", "seed", "step", "cumulative_flops", "eval_domain", "eval_set",
+                 "accuracy", "mean_response_length"]
+
+
+def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*SNAKEMAKE, "--directory", str(workdir), *args], capture_output=True, text=True, timeout=1200)
+
+
+def scheduled_jobs(output: str) -> dict[str, int]:
+    """Rule -> count from Snakemake's dry-run 'Job stats' table."""
+    table = output.split("Job stats:")[1].split("Reasons:")[0] if "Job stats:" in output else ""
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
+
+
+@pytest.fixture(scope="module")
+def smoke_dag(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("dag")
+    done = snakemake(workdir, "--config", "profile=smoke")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return workdir
+
+
+@pytest.mark.slow
+def test_smoke_dag_writes_every_contracted_file(smoke_dag):
+    root = smoke_dag / "results" / "smoke"
+    plan = build_plan(compose(["profile=smoke"], REPO / "conf"))
+    for job in plan.runs():
+        run_dir = root / "runs" / job.id
+        for name in ("config.yaml", "ledger.jsonl", "evals.jsonl", "done.json", "checkpoint/config.json", "checkpoint/model.safetensors"):
+            assert (run_dir / name).is_file(), f"{job.id}: {name}"
+        assert yaml.safe_load((run_dir / "config.yaml").read_text()) == job.config
+        ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in ledger] == list(range(job.config["method"]["steps"]))
+        assert ledger[-1]["cumulative_flops"] == json.loads((run_dir / "done.json").read_text())["cumulative_flops"]
+    report = root / "report"
+    for name in ("curves.csv", "savings.csv", "savings.md", "claims.md"):
+        assert (report / name).stat().st_size > 0, name
+    for study in plan.report_spec["studies"]:
+        for ext in ("png", "pdf"):
+            assert (report / f"{study}_accuracy.{ext}").stat().st_size > 1000
+    curves = pd.read_csv(report / "curves.csv")
+    assert list(curves.columns) == CURVE_COLUMNS
+    assert curves["accuracy"].between(0, 1).all()
+    assert set(curves["run"]) == {j.id for j in plan.runs()}
+    assert "math+code" in set(curves["train_domains"])
+    claims = (report / "claims.md").read_text()
+    for claim in ("S1", "S1b", "S3", "S4"):
+        assert f"**{claim}" in claims
+
+
+@pytest.mark.slow
+def test_savings_cli_on_the_smoke_curves(smoke_dag):
+    curves = smoke_dag / "results" / "smoke" / "report" / "curves.csv"
+    out = subprocess.run([sys.executable, "-m", "opdgrpo.cli", "savings", "--curves", str(curves), "--joint", "grpo-student-math+code-s0",
+                          "--distill", "opd-experts-math+code-s0", "--experts", "grpo-student-math-s0", "grpo-student-code-s0"],
+                         capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout)
+    assert {"target_accuracy", "joint_flops", "pipeline_flops", "expert_flops", "distill_flops", "savings", "distill_share"} <= set(result)
+    assert result["expert_flops"] > 0
+
+
+@pytest.mark.slow
+def test_nothing_to_do_after_a_complete_run(smoke_dag):
+    dry = snakemake(smoke_dag, "-n", "--config", "profile=smoke")
+    assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr
+
+
+@pytest.mark.slow
+def test_an_opd_hyperparameter_reruns_only_opd_runs_and_the_report(smoke_dag):
+    dry = snakemake(smoke_dag, "-n", "--config", "profile=smoke", "overrides=[methods.opd.top_k=8]")
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    n_opd = sum(1 for j in build_plan(compose(["profile=smoke"], REPO / "conf")).runs() if j.config["method"]["name"] == "opd")
+    assert scheduled_jobs(dry.stdout) == {"opd": n_opd, "report": 1, "all": 1}
+
+
+@pytest.mark.slow
+def test_a_grpo_hyperparameter_reruns_grpo_and_everything_downstream(smoke_dag):
+    dry = snakemake(smoke_dag, "-n", "--config", "profile=smoke", "overrides=[methods.grpo.clip_eps=0.3]")
+    jobs = scheduled_jobs(dry.stdout)
+    assert jobs["grpo"] == 5 and jobs["report"] == 1
+    # OPD runs whose teachers are GRPO runs (S1b, S3, S4) rerun too; external-teacher OPD (S1) does not
+    assert jobs["opd"] == 5
