@@ -18,7 +18,7 @@ import torch
 from . import flops as flop_formulas
 from .domains import build_domain
 from .evaluation import evaluate, heldout_for
-from .models import build_model, parameter_count
+from .models import autocast, build_model, parameter_count
 from .runio import append_jsonl, rewrite_jsonl, write_json, write_yaml
 from .tokenizer import load_tokenizer
 
@@ -32,11 +32,16 @@ def lr_at(step: int, total: int, warmup: int, min_ratio: float) -> float:
 
 
 def demonstration_batch(tokenizer, domains, style: str, batch_size: int, rng: random.Random):
-    """Right-padded (input_ids, attention_mask, labels) with the loss on the answer and its EOS only."""
+    """Right-padded (input_ids, attention_mask, labels) with the loss on the answer and its EOS only.
+
+    Each row's domain is drawn with weight ``domains.<name>.pretrain_weight`` (default 1): arithmetic needs
+    far more examples than function synthesis before a tiny model gets partial accuracy.
+    """
     names = sorted(domains)
+    weights = [float(getattr(domains[n], "cfg", {}).get("pretrain_weight", 1.0)) for n in names]
     rows, labels = [], []
     for _ in range(batch_size):
-        domain = domains[rng.choice(names)]
+        domain = domains[rng.choices(names, weights)[0]]
         task = domain.pretraining_task(rng)
         prompt = tokenizer(task.prompt, add_special_tokens=False)["input_ids"]
         answer = tokenizer(domain.demonstration(task, style), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
@@ -71,7 +76,8 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         for group in optimizer.param_groups:
             group["lr"] = float(pre["lr"]) * scale
         input_ids, attention, labels = demonstration_batch(tokenizer, domains, style, int(pre["batch_size"]), rng)
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        with autocast(pre.get("precision", "fp32")):
+            loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -83,9 +89,10 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
                                        "cumulative_flops": total_flops, "counted": False})
     eval_cfg = pre["eval"]
     heldout = heldout_for(domains, sorted(domains), eval_cfg.get("max_prompts"))
-    results, eval_flops = evaluate(model, tokenizer, domains, heldout, k=int(eval_cfg["k"]),
-                                   temperature=float(eval_cfg["temperature"]), max_new_tokens=48,
-                                   batch_size=512, seed=int(cfg["seed"]))
+    with autocast(pre.get("precision", "fp32")):
+        results, eval_flops = evaluate(model, tokenizer, domains, heldout, k=int(eval_cfg["k"]),
+                                       temperature=float(eval_cfg["temperature"]), max_new_tokens=48,
+                                       batch_size=512, seed=int(cfg["seed"]))
     rewrite_jsonl(out_dir / "evals.jsonl", [{"step": steps, "cumulative_flops": 0.0, "eval_flops": eval_flops, "results": results}])
     model.save_pretrained(out_dir / "checkpoint")
     tokenizer.save_pretrained(out_dir / "checkpoint")

@@ -24,7 +24,7 @@ from .checkpoint import clear_run, config_hash, find_checkpoint, load_state, sav
 from .domains import Task, build_domain
 from .evaluation import evaluate, heldout_for
 from .losses import group_advantages, grpo_loss, token_logprobs, topk_reverse_kl
-from .models import load_model, parameter_count
+from .models import autocast, load_model, parameter_count
 from .rollout import sample_and_score
 from .runio import append_jsonl, keep_records, write_json, write_yaml
 from .tokenizer import load_tokenizer
@@ -77,6 +77,8 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     if kind not in ("grpo", "opd"):
         raise ValueError(f"config key `method.name` must be 'grpo' or 'opd', got {kind!r}")
     per_prompt = int(method["group_size"] if kind == "grpo" else method["rollouts_per_prompt"])
+    precision = str(shared.get("precision", "fp32"))
+    autocast(precision)  # validate before any compute
 
     # -- what this run works on ---------------------------------------------------------------
     tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
@@ -133,9 +135,10 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
 
     def run_eval(step: int) -> dict[str, Any]:
         ev = shared["eval"]
-        results, eval_flops = evaluate(student, tokenizer, domains, heldout, k=int(ev["k"]), temperature=float(ev["temperature"]),
-                                       max_new_tokens=int(shared["max_new_tokens"]), batch_size=int(ev["batch_size"]),
-                                       seed=seed * 1_000_003 + step + 7)
+        with autocast(precision, student.device.type):
+            results, eval_flops = evaluate(student, tokenizer, domains, heldout, k=int(ev["k"]), temperature=float(ev["temperature"]),
+                                           max_new_tokens=int(shared["max_new_tokens"]), batch_size=int(ev["batch_size"]),
+                                           seed=seed * 1_000_003 + step + 7)
         record = {"step": step, "cumulative_flops": cumulative, "eval_flops": eval_flops, "results": results}
         append_jsonl(evals_path, record)
         return record
@@ -155,8 +158,9 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             tasks = [t for t in prompts for _ in range(per_prompt)]
             generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
             student.eval()
-            scored = sample_and_score(student, tokenizer, domains, tasks, max_new_tokens=int(shared["max_new_tokens"]),
-                                      temperature=float(shared["temperature"]), generator=generator)
+            with autocast(precision, student.device.type):
+                scored = sample_and_score(student, tokenizer, domains, tasks, max_new_tokens=int(shared["max_new_tokens"]),
+                                          temperature=float(shared["temperature"]), generator=generator)
             student.train()
             ro = scored.rollouts
             seqs, attn = ro.sequences, ro.attention_mask
@@ -165,8 +169,9 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             targets, mask = seqs[:, ro.prompt_len:], ro.completion_mask
 
             # 2. the student's training forward over prompt + completion (logits for the completion only)
-            logits = student(input_ids=seqs, attention_mask=attn, position_ids=_position_ids(attn),
-                             logits_to_keep=new + 1).logits[:, :-1]
+            with autocast(precision, student.device.type):
+                logits = student(input_ids=seqs, attention_mask=attn, position_ids=_position_ids(attn),
+                                 logits_to_keep=new + 1).logits[:, :-1]
             flops = {"rollout": ro.flops, "train": F.train_flops(student.config, batch, length, logits_positions=new + 1),
                      "old_policy": 0.0, "teacher": 0.0}
 
@@ -180,7 +185,7 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
                                           clip_eps_high=method.get("clip_eps_high"), aggregation=method["aggregation"])
             else:
                 teacher_logits = torch.empty_like(logits, dtype=torch.float32)
-                with torch.no_grad():
+                with torch.no_grad(), autocast(precision, student.device.type):
                     for d, teacher in teachers.items():
                         rows = torch.tensor([i for i, t in enumerate(tasks) if t.domain == d], dtype=torch.long)
                         if len(rows) == 0:
