@@ -65,7 +65,7 @@ def validate(cfg: dict[str, Any]) -> None:
         raise ConfigError(f"config key `seeds` must be a non-empty list of integers, got {seeds!r}")
     _positive(cfg, "threads", int)
     for name in require(cfg, "models", dict):
-        require(cfg, f"models.{name}.pretrain.style", str)
+        require(cfg, f"models.{name}.pretrain.thinking_fraction", (int, float))
         _positive(cfg, f"models.{name}.pretrain.steps", int)
     for name in require(cfg, "domains", dict):
         require(cfg, f"domains.{name}.kind", str)

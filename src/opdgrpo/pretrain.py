@@ -1,7 +1,8 @@
 """The base-model stage of the tiny world: supervised pretraining on synthetic demonstrations.
 
-The student learns to answer briefly (like a base model: partial accuracy, so GRPO has signal);
-teachers learn to answer step by step (like Qwen3 thinking models). Their FLOPs are logged in the
+The student learns to answer mostly briefly (like a base model: partial accuracy, so GRPO has signal,
+with a few step-by-step answers in its data); teachers learn to answer step by step (like Qwen3 thinking
+models). Their FLOPs are logged in the
 ledger with ``counted: false``: as in the paper, pretraining is not post-training compute.
 """
 
@@ -31,11 +32,13 @@ def lr_at(step: int, total: int, warmup: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def demonstration_batch(tokenizer, domains, style: str, batch_size: int, rng: random.Random):
+def demonstration_batch(tokenizer, domains, thinking_fraction: float, batch_size: int, rng: random.Random):
     """Right-padded (input_ids, attention_mask, labels) with the loss on the answer and its EOS only.
 
     Each row's domain is drawn with weight ``domains.<name>.pretrain_weight`` (default 1): arithmetic needs
-    far more examples than function synthesis before a tiny model gets partial accuracy.
+    far more examples than function synthesis before a tiny model gets partial accuracy. A row shows a
+    step-by-step answer with probability ``thinking_fraction``, else a brief one: like a real base model,
+    the student has seen some reasoning traces, so distilling a thinking teacher has a mode to pull on.
     """
     names = sorted(domains)
     weights = [float(getattr(domains[n], "cfg", {}).get("pretrain_weight", 1.0)) for n in names]
@@ -43,6 +46,7 @@ def demonstration_batch(tokenizer, domains, style: str, batch_size: int, rng: ra
     for _ in range(batch_size):
         domain = domains[rng.choices(names, weights)[0]]
         task = domain.pretraining_task(rng)
+        style = "thinking" if rng.random() < thinking_fraction else "brief"
         prompt = tokenizer(task.prompt, add_special_tokens=False)["input_ids"]
         answer = tokenizer(domain.demonstration(task, style), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         rows.append(prompt + answer)
@@ -63,7 +67,9 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     ledger_path = out_dir / "ledger.jsonl"
     ledger_path.unlink(missing_ok=True)
     model_cfg, pre = cfg["model"], cfg["pretrain"]
-    style, steps = model_cfg["pretrain"]["style"], int(model_cfg["pretrain"]["steps"])
+    thinking, steps = float(model_cfg["pretrain"]["thinking_fraction"]), int(model_cfg["pretrain"]["steps"])
+    if not 0.0 <= thinking <= 1.0:
+        raise ValueError(f"config key `models.{cfg['name']}.pretrain.thinking_fraction` must be in [0, 1], got {thinking}")
     tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
     domains = {name: build_domain(d) for name, d in cfg["domains"].items()}
     model = build_model(model_cfg, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed=int(cfg["seed"]))
@@ -75,7 +81,7 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         scale = lr_at(step, steps, int(pre["warmup_steps"]), float(pre["min_lr_ratio"]))
         for group in optimizer.param_groups:
             group["lr"] = float(pre["lr"]) * scale
-        input_ids, attention, labels = demonstration_batch(tokenizer, domains, style, int(pre["batch_size"]), rng)
+        input_ids, attention, labels = demonstration_batch(tokenizer, domains, thinking, int(pre["batch_size"]), rng)
         with autocast(pre.get("precision", "fp32")):
             loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
@@ -97,7 +103,7 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     model.save_pretrained(out_dir / "checkpoint")
     tokenizer.save_pretrained(out_dir / "checkpoint")
     summary = {
-        "model": cfg["name"], "style": style, "steps": steps, "parameters": parameter_count(model),
+        "model": cfg["name"], "thinking_fraction": thinking, "steps": steps, "parameters": parameter_count(model),
         "pretrain_flops": total_flops, "counted": False, "final_loss": loss.item(), "heldout": results,
         "wall_s": round(time.time() - started, 1),
     }
