@@ -136,7 +136,8 @@ class _Planner:
         comparisons, t = [], s["teacher"]
         for d in s["domains"]:
             grpo = self.grpo_expert("S1b", d, seed)
-            teacher = self.run(f"grpo-{t}-{d}-s{seed}", "S1b-teacher", "grpo", [d], seed, f"base:{t}", label=f"GRPO {t} (teacher)")
+            teacher = self.run(f"grpo-{t}-{d}-s{seed}", "S1b-teacher", "grpo", [d], seed, f"base:{t}",
+                               method_overrides={"steps": s.get("teacher_steps")}, label=f"GRPO {t} (teacher)")
             label = f"OPD {t}+GRPO"
             opd = self.run(f"opd-{t}_grpo-{d}-s{seed}", "S1b", "opd", [d], seed, "base:student", {d: f"run:{teacher.id}"}, label=label)
             comparisons.append({"domain": d, "grpo": grpo.id, "opd": {label: opd.id}, "teacher": teacher.id})
