@@ -145,3 +145,27 @@ def test_changed_config_starts_over(smoke_world, tmp_path):
     train(cfg, run_dir)
     assert [r["step"] for r in read_jsonl(run_dir / "ledger.jsonl")] == [0, 1, 2]
     assert all(r["lr"] == 5e-5 for r in read_jsonl(run_dir / "ledger.jsonl"))
+
+
+def test_a_retrained_teacher_restarts_the_distillation(smoke_world, tmp_path, caplog):
+    """Same run config, but the teacher's run was redone: the old checkpoint must not be resumed."""
+    import logging
+    import shutil
+
+    _, plan = smoke_world
+    cfg = _config(plan, "opd-teacher_m-math-s0", tmp_path, steps=2)
+    teacher_dir = tmp_path / "teacher"
+    shutil.copytree(Path(cfg["teachers"]["math"]["path"]).parent, teacher_dir)
+    cfg["teachers"]["math"]["path"] = str(teacher_dir / "checkpoint")
+    run_dir = tmp_path / "distil"
+    train(cfg, run_dir)
+    caplog.set_level(logging.INFO, logger="opdgrpo.train")
+    caplog.clear()
+    train(cfg, run_dir)   # unchanged upstream: resumes at its last step
+    assert "resuming" in caplog.text and "starting over" not in caplog.text
+    done = teacher_dir / "done.json"
+    done.write_text(done.read_text().replace('"wall_s"', '"retrained": true, "wall_s"'))
+    caplog.clear()
+    train(cfg, run_dir)
+    assert "starting over" in caplog.text and "resuming" not in caplog.text
+    assert [r["step"] for r in read_jsonl(run_dir / "ledger.jsonl")] == [0, 1]

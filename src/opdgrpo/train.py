@@ -65,6 +65,20 @@ def batch_tasks(pools: dict[str, list[Task]], counts: dict[str, int], step: int,
     return tasks
 
 
+def upstream_fingerprint(cfg: dict[str, Any]) -> dict[str, str]:
+    """What identifies the checkpoints this run starts from and distils: their run's ``done.json``.
+
+    A rerun of an upstream job (a retrained teacher) leaves this run's config unchanged but its checkpoint
+    stale; folding the upstream summaries into the checkpoint's hash makes such a run start over.
+    """
+    paths = {"student": cfg["student"]["path"], **{f"teacher:{d}": t["path"] for d, t in cfg.get("teachers", {}).items()}}
+    prints = {}
+    for role, path in paths.items():
+        done = Path(path).parent / "done.json"
+        prints[role] = done.read_text() if done.is_file() else str(path)
+    return prints
+
+
 def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
@@ -108,7 +122,7 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     # -- resume or start ----------------------------------------------------------------------
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger_path, evals_path = run_dir / "ledger.jsonl", run_dir / "evals.jsonl"
-    cfg_hash, start, cumulative = config_hash(cfg), 0, 0.0
+    cfg_hash, start, cumulative = config_hash({"config": cfg, "upstream": upstream_fingerprint(cfg)}), 0, 0.0
     ckpt = find_checkpoint(run_dir)
     state = load_state(ckpt) if ckpt else None
     if state and state["config_hash"] == cfg_hash:
@@ -122,7 +136,7 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         log.info("resuming %s at step %d (%.3g training FLOPs so far)", cfg["run_id"], start, cumulative)
     else:
         if state:
-            log.warning("%s: config changed since the last checkpoint; starting over", cfg["run_id"])
+            log.warning("%s: config or upstream checkpoints changed since the last checkpoint; starting over", cfg["run_id"])
         clear_run(run_dir)
     write_yaml(run_dir / "config.yaml", cfg)
 
