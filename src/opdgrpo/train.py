@@ -103,7 +103,19 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             raise ValueError(f"domain {d}: the training pool is empty; check `domains.{d}.train`")
     counts = domain_counts(pools, int(shared["prompts_per_step"]), str(shared.get("mix", "balanced")))
     heldout = heldout_for(domains, cfg["eval_domains"])
-    student = load_model(cfg["student"]["path"])
+
+    # -- resume or start: a checkpoint counts only if this config and its upstream made it ----------
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ledger_path, evals_path = run_dir / "ledger.jsonl", run_dir / "evals.jsonl"
+    cfg_hash, start, cumulative = config_hash({"config": cfg, "upstream": upstream_fingerprint(cfg)}), 0, 0.0
+    ckpt = find_checkpoint(run_dir)
+    state = load_state(ckpt) if ckpt else None
+    if state and state["config_hash"] != cfg_hash:
+        log.warning("%s: config or upstream checkpoints changed since the last checkpoint; starting over", cfg["run_id"])
+        state = None
+    if state is None:
+        clear_run(run_dir)
+    student = load_model(ckpt if state else cfg["student"]["path"])
     teachers: dict[str, torch.nn.Module] = {}
     if kind == "opd":
         loaded: dict[str, torch.nn.Module] = {}
@@ -118,26 +130,12 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
                                  "OPD needs teacher and student to share the tokenizer")
     optimizer = torch.optim.AdamW(student.parameters(), lr=float(method["lr"]), betas=tuple(method["betas"]),
                                   weight_decay=float(method["weight_decay"]))
-
-    # -- resume or start ----------------------------------------------------------------------
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ledger_path, evals_path = run_dir / "ledger.jsonl", run_dir / "evals.jsonl"
-    cfg_hash, start, cumulative = config_hash({"config": cfg, "upstream": upstream_fingerprint(cfg)}), 0, 0.0
-    ckpt = find_checkpoint(run_dir)
-    state = load_state(ckpt) if ckpt else None
-    if state and state["config_hash"] == cfg_hash:
-        student = load_model(ckpt)
-        optimizer = torch.optim.AdamW(student.parameters(), lr=float(method["lr"]), betas=tuple(method["betas"]),
-                                      weight_decay=float(method["weight_decay"]))
+    if state:
         optimizer.load_state_dict(state["optimizer"])
         start, cumulative = int(state["step"]), float(state["cumulative_flops"])
         keep_records(ledger_path, lambda r: r["step"] < start)
         keep_records(evals_path, lambda r: r["step"] < start)
         log.info("resuming %s at step %d (%.3g training FLOPs so far)", cfg["run_id"], start, cumulative)
-    else:
-        if state:
-            log.warning("%s: config or upstream checkpoints changed since the last checkpoint; starting over", cfg["run_id"])
-        clear_run(run_dir)
     write_yaml(run_dir / "config.yaml", cfg)
 
     stop = {"signal": None}
