@@ -55,10 +55,13 @@ def find_checkpoint(run_dir: Path) -> Path | None:
 
 
 def load_state(path: Path) -> dict[str, Any]:
-    state = torch.load(path / STATE_FILE, weights_only=False)
+    return torch.load(path / STATE_FILE, weights_only=False)
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Put the global RNGs back as they were at the checkpoint (only when it is resumed)."""
     torch.set_rng_state(state["rng"]["torch"])
     random.setstate(state["rng"]["python"])
-    return state
 
 
 def clear_run(run_dir: Path) -> None:

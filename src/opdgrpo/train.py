@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from . import flops as F
-from .checkpoint import clear_run, config_hash, find_checkpoint, load_state, save_checkpoint
+from .checkpoint import clear_run, config_hash, find_checkpoint, load_state, restore_rng, save_checkpoint
 from .domains import Task, build_domain
 from .evaluation import evaluate, heldout_for
 from .losses import group_advantages, grpo_loss, token_logprobs, topk_reverse_kl
 from .models import autocast, load_model, parameter_count
 from .rollout import sample_and_score
-from .runio import append_jsonl, keep_records, write_json, write_yaml
+from .runio import append_jsonl, keep_records, read_jsonl, write_json, write_yaml
 from .tokenizer import load_tokenizer
 
 log = logging.getLogger("opdgrpo.train")
@@ -132,6 +132,7 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
                                   weight_decay=float(method["weight_decay"]))
     if state:
         optimizer.load_state_dict(state["optimizer"])
+        restore_rng(state)
         start, cumulative = int(state["step"]), float(state["cumulative_flops"])
         keep_records(ledger_path, lambda r: r["step"] < start)
         keep_records(evals_path, lambda r: r["step"] < start)
@@ -244,7 +245,7 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             signal.signal(s, handler)
 
     totals: dict[str, float] = {}
-    for record in keep_records(ledger_path, lambda r: True):
+    for record in read_jsonl(ledger_path):
         for component, value in record["flops"].items():
             totals[component] = totals.get(component, 0.0) + value
     summary = {"run": cfg["run_id"], "method": kind, "steps": steps, "cumulative_flops": cumulative,
