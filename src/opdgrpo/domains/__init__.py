@@ -6,9 +6,14 @@ from typing import Any, Mapping
 
 from .base import Domain, Task
 from .code import CodeDomain
+from .instructions import InstructionDomain
 from .math import MathDomain
 
-KINDS = {"arithmetic": MathDomain, "function_synthesis": CodeDomain}
+KINDS = {
+    "arithmetic": MathDomain,
+    "function_synthesis": CodeDomain,
+    "instruction_following": InstructionDomain,
+}
 
 
 def build_domain(cfg: Mapping[str, Any]) -> Domain:
