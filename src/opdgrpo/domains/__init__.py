@@ -7,12 +7,14 @@ from typing import Any, Mapping
 from .base import Domain, Task
 from .code import CodeDomain
 from .instructions import InstructionDomain
+from .knowledge import KnowledgeDomain
 from .math import MathDomain
 
 KINDS = {
     "arithmetic": MathDomain,
     "function_synthesis": CodeDomain,
     "instruction_following": InstructionDomain,
+    "knowledge": KnowledgeDomain,
 }
 
 
