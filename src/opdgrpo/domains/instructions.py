@@ -30,6 +30,7 @@ from .base import Task, check_style, stable_fraction
 
 MARKER = "=>"
 CONSTRAINT_KINDS = ("lower", "upper", "words", "start", "end", "has", "not", "rep", "sep", "wrap")
+_ORDER = {kind: i for i, kind in enumerate(CONSTRAINT_KINDS)}  # a prompt's constraints are written in this order
 _WORD = re.compile(r"[^\W\d_]+")
 
 
@@ -207,9 +208,8 @@ class InstructionDomain:
         return sum(by_count[c] for c in counts)
 
     def _draw(self, rng: random.Random, counts: Sequence[int], reserved: bool) -> Task:
-        order = {k: i for i, k in enumerate(CONSTRAINT_KINDS)}
         while True:
-            kinds = sorted(rng.sample(self.kinds, rng.choice(counts)), key=order.__getitem__)
+            kinds = sorted(rng.sample(self.kinds, rng.choice(counts)), key=_ORDER.__getitem__)
             constraints = tuple(self._constraint(k, rng) for k in kinds)
             prompt = f"{self.prefix}{' '.join(c.text for c in constraints)}\n"
             if (stable_fraction(prompt, salt=self.name) < self.heldout_fraction) != reserved:
