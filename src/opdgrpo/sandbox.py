@@ -14,20 +14,26 @@ Why each piece is there:
 * **Wall clock.** The child gets its own session and process group; at the deadline, and also after a
   normal exit, the whole group is SIGKILLed so no grandchild outlives the run.
 * **Namespaces** (Linux). Before exec'ing the program, a small launcher calls ``unshare`` for a new
-  network namespace (only a downed loopback, so no network) and a new PID namespace. The program runs
-  as PID 2 under a tiny init (PID 1); when the program exits or the group is killed, that init exits
-  and the kernel kills every process left in the namespace, including ones that escaped the process
-  group with ``setsid``. The PID namespace also confines ``kill(-1, ...)`` to the sandbox (the
-  launcher then sets ``OPDGRPO_SANDBOX_PIDNS=1`` in the program's environment). This works
-  as root (our CI); as another user it is tried inside a new user namespace. Where the OS refuses
-  both (no privileges, user namespaces disabled) the launcher continues **silently without them**:
-  the program then has the network, and only the process-group kill bounds its descendants.
+  mount namespace (every mount read-only except a bind mount of the work directory), a new network
+  namespace (only a downed loopback, so no network) and a new PID namespace. The program runs as
+  PID 2 under a tiny init (PID 1), which mounts a fresh read-only ``/proc`` (only the sandbox's
+  processes are visible) and, on Linux >= 6.14, caps the namespace's ``pid_max`` (a fork-bomb bound
+  that also holds for root). When the program exits or the group is killed, that init exits and the
+  kernel kills every process left in the namespace, including ones that escaped the process group
+  with ``setsid``. The PID namespace also confines ``kill(-1, ...)`` to the sandbox (the launcher
+  then sets ``OPDGRPO_SANDBOX_PIDNS=1`` in the program's environment). This works as root (our CI);
+  as another user it is tried inside a new user namespace. Where the OS refuses both (no
+  privileges, user namespaces disabled) the launcher continues **silently without them**: the
+  program then has the network, can write wherever its uid can, and only the process-group kill
+  bounds its descendants.
+* **No privileges.** The capability bounding set is emptied and ``no_new_privs`` set before exec,
+  so even a root program cannot raise its rlimits, remount or override file permissions.
 * **Output cap.** stdout and stderr are read concurrently (one ``selectors`` loop, so nothing can
   block the caller) and each is cut at ``max_output_bytes``; going over stops the run (``"output"``).
 
-Not isolated: the file system. The program runs with the caller's uid (root in CI) and can read or
-write anything that uid can; relative paths land in the temporary directory. Run the trainer as an
-unprivileged user where that matters.
+Not isolated: file *reads*. The program runs with the caller's uid (root in CI) and can read anything
+that uid can (writes outside the work directory are blocked only by the mount namespace). Run the
+trainer as an unprivileged user where that matters. See "Guarantees" in ``docs/design-notes.md``.
 
 The module keeps no shared state and uses no ``preexec_fn`` (which is unsafe in threaded programs),
 so :func:`run_python` may be called from several threads at once. Linux (or at least POSIX) only.
@@ -132,6 +138,16 @@ def mount_proc(max_processes):
         pass
     mount_setattr(b"/proc", False, RDONLY, 0)
 
+def drop_privileges():
+    # Empty the capability bounding set, so that after exec even root holds no capability: it cannot
+    # raise its rlimits back, remount, write pid_max, override file permissions of other users, ...
+    # and no_new_privs, so no setuid binary gives them back. Best effort (needs CAP_SETPCAP).
+    PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+    for cap in range(64):
+        if LIBC.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:  # EINVAL: past the last
+            break
+    LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
 def limit(resource_id, soft, hard=None):
     hard = soft if hard is None else hard
     current_hard = resource.getrlimit(resource_id)[1]
@@ -168,6 +184,7 @@ def main():
         fail("setrlimit: %s" % exc)
     env = dict(os.environ)
     if not own_pid_namespace:
+        drop_privileges()
         os.execve(sys.executable, argv, env)
     env["OPDGRPO_SANDBOX_PIDNS"] = "1"  # tells the program it may kill(-1) to clean up after itself
     read_end, write_end = os.pipe()
@@ -181,6 +198,7 @@ def main():
         if program == 0:
             os.close(write_end)
             try:
+                drop_privileges()
                 os.execve(sys.executable, argv, env)
             finally:
                 os._exit(127)
