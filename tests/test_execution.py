@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+import uuid
 
 import pytest
 
@@ -13,15 +15,24 @@ from opdgrpo.sandbox import isolation
 TESTS = (((0,), 1), ((1,), 4), ((2,), 7), ((5,), 16))  # f(x) = 3x + 1
 
 
-def _gone(pid: int, within_s: float = 3.0) -> bool:
-    """True once ``pid`` no longer runs (a zombie waiting for its reaper counts as gone)."""
+def _gone(marker: str, within_s: float = 3.0) -> bool:
+    """True once no process has ``marker`` in its command line (zombies count as gone)."""
+    needle = marker.encode()
     end = time.monotonic() + within_s
     while True:
-        try:
-            with open(f"/proc/{pid}/status") as fh:
-                if any(line.startswith("State:") and "Z" in line.split()[1] for line in fh):
-                    return True
-        except FileNotFoundError:
+        alive = False
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as fh:
+                    if needle not in fh.read():
+                        continue
+                with open(f"/proc/{name}/stat") as fh:
+                    alive = alive or fh.read().rpartition(")")[2].split()[0] != "Z"
+            except OSError:
+                continue
+        if not alive:
             return True
         if time.monotonic() > end:
             return False
@@ -163,23 +174,21 @@ def test_items_do_not_share_globals():
     assert out[1] == CheckOutcome(2, 2, "ok")
 
 
-def test_background_process_is_cleaned_up_between_items(tmp_path):
+def test_background_process_is_cleaned_up_between_items():
     if not isolation()["pid"]:
         pytest.skip("no PID namespace: an item's setsid() daemon cannot be swept")
-    pidfile = tmp_path / "pid"
-    daemon = (
-        "import os, time\n"
+    marker = f"opdgrpo-daemon-{uuid.uuid4().hex}"
+    daemon = (  # the sandbox has its own /proc: the daemon is found by the marker in its argv
+        "import os, sys, time\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
-        f"    open({str(pidfile)!r}, 'w').write(os.readlink('/proc/self'))\n"
-        "    while True:\n"
-        "        time.sleep(1)\n"
+        f"    os.execv(sys.executable, [sys.executable, '-c', 'import time\\nwhile True: time.sleep(1)', {marker!r}])\n"
         "time.sleep(0.2)\n"
         "def f(x):\n    return x*3+1\n"
     )
     out = check_programs([check(daemon), check("def f(x):\n    return x*3+1\n")], workers=1)
     assert [o.passed for o in out] == [4, 4]
-    assert _gone(int(pidfile.read_text()))
+    assert _gone(marker)
 
 
 def test_empty_and_invalid_input():

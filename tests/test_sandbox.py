@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -14,16 +15,28 @@ from opdgrpo.sandbox import SandboxResult, isolation, run_python
 BOTH_MODES = pytest.mark.parametrize("namespaces", [True, False], ids=["ns", "no-ns"])
 
 
-def _gone(pid: int, within_s: float = 3.0) -> bool:
-    """True once ``pid`` no longer runs (a zombie waiting for its reaper counts as gone)."""
+def _gone(marker: str, within_s: float = 3.0) -> bool:
+    """True once no process has ``marker`` in its command line (zombies count as gone).
+
+    The sandboxed program sees its own /proc, so it cannot report the pid the caller sees: its
+    sleepers carry a marker in their argv instead, found here by scanning the caller's /proc.
+    """
+    needle = marker.encode()
     end = time.monotonic() + within_s
     while True:
-        try:
-            os.kill(pid, 0)
-            with open(f"/proc/{pid}/status") as fh:
-                if any(line.startswith("State:") and "Z" in line.split()[1] for line in fh):
-                    return True
-        except (ProcessLookupError, FileNotFoundError):
+        alive = False
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as fh:
+                    if needle not in fh.read():
+                        continue
+                with open(f"/proc/{name}/stat") as fh:
+                    alive = alive or fh.read().rpartition(")")[2].split()[0] != "Z"
+            except OSError:
+                continue
+        if not alive:
             return True
         if time.monotonic() > end:
             return False
@@ -129,40 +142,46 @@ def test_parent_environment_is_not_visible(monkeypatch):
 
 
 _DOUBLE_FORK = """
-import os, time
+import os, sys, time
 r, w = os.pipe()
 if os.fork() == 0:
     {setsid}
     if os.fork() == 0:
-        os.write(w, os.readlink('/proc/self').encode())  # the pid as the caller sees it
-        time.sleep(60)
-        os._exit(0)
+        os.write(w, b"started")
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(60)", "{marker}"])
     os._exit(0)
 os.close(w)
 print(os.read(r, 64).decode())
 """
 
 
+def _marker() -> str:
+    return f"opdgrpo-sleeper-{uuid.uuid4().hex}"
+
+
 @BOTH_MODES
 def test_double_forked_sleeper_does_not_survive(namespaces):
-    r = run_python(_DOUBLE_FORK.format(setsid="pass"), timeout_s=5, namespaces=namespaces)
-    assert r.status == "ok", r.stderr
-    assert _gone(int(r.stdout))
+    marker = _marker()
+    r = run_python(_DOUBLE_FORK.format(setsid="pass", marker=marker), timeout_s=5, namespaces=namespaces)
+    assert r.status == "ok" and r.stdout == "started\n", r.stderr
+    assert _gone(marker)
 
 
 def test_sleeper_that_escapes_the_process_group_does_not_survive():
     if not isolation()["pid"]:
         pytest.skip("no PID namespace on this machine: a setsid() escaper is out of reach")
-    r = run_python(_DOUBLE_FORK.format(setsid="os.setsid()"), timeout_s=5)
-    assert r.status == "ok", r.stderr
-    assert _gone(int(r.stdout))
+    marker = _marker()
+    r = run_python(_DOUBLE_FORK.format(setsid="os.setsid()", marker=marker), timeout_s=5)
+    assert r.status == "ok" and r.stdout == "started\n", r.stderr
+    assert _gone(marker)
 
 
 def test_sleeper_is_killed_at_timeout_too():
-    src = _DOUBLE_FORK.format(setsid="pass") + "import sys\nsys.stdout.flush()\ntime.sleep(60)\n"
+    marker = _marker()
+    src = _DOUBLE_FORK.format(setsid="pass", marker=marker) + "sys.stdout.flush()\ntime.sleep(60)\n"
     r = run_python(src, timeout_s=1)
-    assert r.status == "timeout"
-    assert _gone(int(r.stdout))
+    assert r.status == "timeout" and r.stdout == "started\n"
+    assert _gone(marker)
 
 
 def test_network_is_cut():
@@ -198,4 +217,4 @@ def test_safe_from_several_threads():
 
 def test_isolation_probe_reports_booleans():
     info = isolation()
-    assert set(info) == {"network", "pid"} and all(isinstance(v, bool) for v in info.values())
+    assert set(info) == {"network", "pid", "filesystem"} and all(isinstance(v, bool) for v in info.values())

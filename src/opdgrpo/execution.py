@@ -9,7 +9,8 @@ sandboxed interpreter per completion (~20 ms each) would dominate the step. So :
    corrupt each other's globals), in its own process group and with stdio on ``/dev/null``. Each test
    call (and the module's own top-level code) runs under a ``setitimer`` alarm; the harness also
    enforces a per-item deadline and SIGKILLs a stuck item. Results come back through a pipe and the
-   harness prints one JSON line per item, as it finishes;
+   harness prints one JSON line per item, as it finishes (a harness silent for longer than an item's
+   budget, e.g. one an item SIGSTOPped, ends the run early);
 3. if the batch run does not end ``"ok"`` or its output stops parsing, keeps the items whose lines
    arrived intact and in order, runs the item that was in flight alone (its own ``run_python``), and
    runs the rest as a new batch. So a program that kills or floods its harness costs its batch-mates
@@ -176,8 +177,11 @@ def _run_harness(batch: list[_Item], per_test_s: float, timeout_s: float, memory
     payload = json.dumps({"timeout": per_test_s, "slack": _ITEM_SLACK_S, "items": [it.payload for it in batch]})
     source = f"{_HARNESS}\nmain(json.loads({payload!r}))\n"
     cap = 4096 + sum(sum(it.payload["caps"]) + 64 * (len(it.expected) + 4) for it in batch)
+    # The harness prints a line per item as it finishes: a longer silence means it is stuck (an item
+    # SIGSTOPped it, say), so the batch ends then instead of at its full timeout.
+    idle = max(_item_budget(it, per_test_s) for it in batch) + _STARTUP_S
     return run_python(source, timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=cap,
-                      cpu_s=timeout_s + 1)  # fmt: skip
+                      cpu_s=timeout_s + 1, idle_timeout_s=idle)  # fmt: skip
 
 
 def _parse(stdout: str, n: int) -> list[dict[str, Any]]:

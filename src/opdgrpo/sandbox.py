@@ -14,20 +14,26 @@ Why each piece is there:
 * **Wall clock.** The child gets its own session and process group; at the deadline, and also after a
   normal exit, the whole group is SIGKILLed so no grandchild outlives the run.
 * **Namespaces** (Linux). Before exec'ing the program, a small launcher calls ``unshare`` for a new
-  network namespace (only a downed loopback, so no network) and a new PID namespace. The program runs
-  as PID 2 under a tiny init (PID 1); when the program exits or the group is killed, that init exits
-  and the kernel kills every process left in the namespace, including ones that escaped the process
-  group with ``setsid``. The PID namespace also confines ``kill(-1, ...)`` to the sandbox (the
-  launcher then sets ``OPDGRPO_SANDBOX_PIDNS=1`` in the program's environment). This works
-  as root (our CI); as another user it is tried inside a new user namespace. Where the OS refuses
-  both (no privileges, user namespaces disabled) the launcher continues **silently without them**:
-  the program then has the network, and only the process-group kill bounds its descendants.
+  mount namespace (every mount read-only except a bind mount of the work directory), a new network
+  namespace (only a downed loopback, so no network) and a new PID namespace. The program runs as
+  PID 2 under a tiny init (PID 1), which mounts a fresh read-only ``/proc`` (only the sandbox's
+  processes are visible) and, on Linux >= 6.14, caps the namespace's ``pid_max`` (a fork-bomb bound
+  that also holds for root). When the program exits or the group is killed, that init exits and the
+  kernel kills every process left in the namespace, including ones that escaped the process group
+  with ``setsid``. The PID namespace also confines ``kill(-1, ...)`` to the sandbox (the launcher
+  then sets ``OPDGRPO_SANDBOX_PIDNS=1`` in the program's environment). This works as root (our CI);
+  as another user it is tried inside a new user namespace. Where the OS refuses both (no
+  privileges, user namespaces disabled) the launcher continues **silently without them**: the
+  program then has the network, can write wherever its uid can, and only the process-group kill
+  bounds its descendants.
+* **No privileges.** The capability bounding set is emptied and ``no_new_privs`` set before exec,
+  so even a root program cannot raise its rlimits, remount or override file permissions.
 * **Output cap.** stdout and stderr are read concurrently (one ``selectors`` loop, so nothing can
   block the caller) and each is cut at ``max_output_bytes``; going over stops the run (``"output"``).
 
-Not isolated: the file system. The program runs with the caller's uid (root in CI) and can read or
-write anything that uid can; relative paths land in the temporary directory. Run the trainer as an
-unprivileged user where that matters.
+Not isolated: file *reads*. The program runs with the caller's uid (root in CI) and can read anything
+that uid can (writes outside the work directory are blocked only by the mount namespace). Run the
+trainer as an unprivileged user where that matters. See "Guarantees" in ``docs/design-notes.md``.
 
 The module keeps no shared state and uses no ``preexec_fn`` (which is unsafe in threaded programs),
 so :func:`run_python` may be called from several threads at once. Linux (or at least POSIX) only.
@@ -61,40 +67,86 @@ _POLL_S = 0.05
 # It is plain Python rather than a ``preexec_fn`` so that nothing runs between fork and exec in the
 # caller's (possibly multi-threaded) process.
 _LAUNCHER = r"""
-import os, resource, signal, sys
+import ctypes, os, resource, signal, sys
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+PRIVATE_MOUNTS = False
 
 def fail(message):
     os.write(2, ("opdgrpo-sandbox: launcher failed: " + message + "\n").encode())
     os._exit(125)
 
 def unshare(flags):
-    try:
-        os.unshare(flags)  # Python >= 3.12
-        return True
-    except AttributeError:
-        pass
-    except OSError:
-        return False
-    import ctypes
-    return ctypes.CDLL(None, use_errno=True).unshare(flags) == 0
+    return LIBC.unshare(flags) == 0
 
 def enter_namespaces():
-    # CLONE_NEWNET | CLONE_NEWPID: allowed to root. Otherwise try inside a new user namespace
-    # (CLONE_NEWUSER), mapping our own uid/gid so files we create keep their owner.
-    NEWNET, NEWPID, NEWUSER = 0x40000000, 0x20000000, 0x10000000
-    if unshare(NEWNET | NEWPID):
-        return True
-    uid, gid = os.getuid(), os.getgid()
-    if not unshare(NEWUSER | NEWNET | NEWPID):
-        return False
-    try:
-        maps = (("uid_map", "%d %d 1" % (uid, uid)), ("setgroups", "deny"), ("gid_map", "%d %d 1" % (gid, gid)))
-        for name, text in maps:
-            with open("/proc/self/" + name, "w") as fh:
-                fh.write(text)
-    except OSError:
-        pass
+    # CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID: allowed to root. Otherwise try inside a new user
+    # namespace (CLONE_NEWUSER), mapping our own uid/gid so files we create keep their owner.
+    NEWNS, NEWNET, NEWPID, NEWUSER = 0x00020000, 0x40000000, 0x20000000, 0x10000000
+    if not unshare(NEWNS | NEWNET | NEWPID):
+        uid, gid = os.getuid(), os.getgid()
+        if not unshare(NEWUSER | NEWNS | NEWNET | NEWPID):
+            return False
+        try:
+            maps = (("uid_map", "%d %d 1" % (uid, uid)), ("setgroups", "deny"), ("gid_map", "%d %d 1" % (gid, gid)))
+            for name, text in maps:
+                with open("/proc/self/" + name, "w") as fh:
+                    fh.write(text)
+        except OSError:
+            pass
+    read_only_except(os.getcwd())
     return True
+
+class MountAttr(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in ("attr_set", "attr_clr", "propagation", "userns_fd")]
+
+def mount_setattr(path, recursive, attr_set, attr_clr):
+    # mount_setattr(2), Linux >= 5.12; 442 on every architecture that uses the generic syscall table
+    attr = MountAttr(attr_set, attr_clr, 0, 0)
+    flags = 0x8000 if recursive else 0  # AT_RECURSIVE
+    return LIBC.syscall(442, -100, path, flags, ctypes.byref(attr), ctypes.sizeof(attr)) == 0
+
+def read_only_except(workdir):
+    # In our own mount namespace: every mount read-only, except a bind mount of the working directory.
+    # Done before the program runs, by a process that holds the capabilities, and the program cannot
+    # undo it (no CAP_SYS_ADMIN over this mount namespace; a nested one gets the mounts locked).
+    MS_REC, MS_PRIVATE, MS_BIND, RDONLY = 0x4000, 0x40000, 0x1000, 1
+    path = workdir.encode()
+    global PRIVATE_MOUNTS
+    if LIBC.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        return False
+    PRIVATE_MOUNTS = True  # nothing mounted from now on propagates back to the caller's namespace
+    if LIBC.mount(path, path, None, MS_BIND, None) != 0:
+        return False
+    os.chdir(workdir)  # onto the bind mount: the old cwd is a directory of the read-only mount
+    return mount_setattr(b"/", True, RDONLY, 0) and mount_setattr(path, False, 0, RDONLY)
+
+def mount_proc(max_processes):
+    # As PID 1 of the new PID namespace: a /proc that shows only this namespace's processes (not the
+    # caller's environment or command line), read-only like everything else. Since Linux 6.14 the
+    # pid_max sysctl is per PID namespace: capping it bounds the processes in the namespace, also for
+    # root, whom RLIMIT_NPROC does not bind. (Never written on older kernels, where it is global.)
+    MS_NOSUID, MS_NODEV, MS_NOEXEC, RDONLY = 2, 4, 8, 1
+    if not PRIVATE_MOUNTS or LIBC.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
+        return
+    try:
+        release = tuple(int(v) for v in os.uname().release.split("-")[0].split(".")[:2])
+        if release >= (6, 14):
+            with open("/proc/sys/kernel/pid_max", "w") as fh:
+                fh.write(str(max_processes))
+    except (OSError, ValueError):
+        pass
+    mount_setattr(b"/proc", False, RDONLY, 0)
+
+def drop_privileges():
+    # Empty the capability bounding set, so that after exec even root holds no capability: it cannot
+    # raise its rlimits back, remount, write pid_max, override file permissions of other users, ...
+    # and no_new_privs, so no setuid binary gives them back. Best effort (needs CAP_SETPCAP).
+    PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+    for cap in range(64):
+        if LIBC.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:  # EINVAL: past the last
+            break
+    LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
 def limit(resource_id, soft, hard=None):
     hard = soft if hard is None else hard
@@ -132,16 +184,21 @@ def main():
         fail("setrlimit: %s" % exc)
     env = dict(os.environ)
     if not own_pid_namespace:
+        drop_privileges()
         os.execve(sys.executable, argv, env)
     env["OPDGRPO_SANDBOX_PIDNS"] = "1"  # tells the program it may kill(-1) to clean up after itself
     read_end, write_end = os.pipe()
     init = os.fork()  # PID 1 of the new namespace
     if init == 0:
         os.close(read_end)
+        # pids below 300 are only used before the first wrap-around, so that is 300 + nproc at most
+        # at first and nproc + 2 (init, program) after.
+        mount_proc(300 + nproc + 2)
         program = os.fork()
         if program == 0:
             os.close(write_end)
             try:
+                drop_privileges()
                 os.execve(sys.executable, argv, env)
             finally:
                 os._exit(127)
@@ -223,6 +280,7 @@ def run_python(
     open_files: int = 64,
     processes: int = 64,
     namespaces: bool = True,
+    idle_timeout_s: float | None = None,
 ) -> SandboxResult:
     """Run ``source`` as a Python program in a sandbox and return what happened.
 
@@ -231,10 +289,12 @@ def run_python(
     (default: ``timeout_s``, rounded up); ``file_mb`` largest file it may write; ``open_files``
     descriptors per process; ``processes`` more processes than the user already has (ignored for
     root, whom RLIMIT_NPROC does not bind); ``max_output_bytes`` per stream. ``namespaces=False``
-    skips the network and PID namespaces (as if the OS refused them).
+    skips the mount, network and PID namespaces (as if the OS refused them). ``idle_timeout_s``
+    also stops the run (``"timeout"``) once neither stdout nor stderr has received anything for that
+    long: a bound for a program that is stopped (SIGSTOP) or stuck and otherwise expected to write.
     """
-    if timeout_s <= 0 or memory_mb <= 0 or max_output_bytes < 0:
-        raise ValueError("timeout_s and memory_mb must be positive, max_output_bytes non-negative")
+    if timeout_s <= 0 or memory_mb <= 0 or max_output_bytes < 0 or (idle_timeout_s is not None and idle_timeout_s <= 0):
+        raise ValueError("timeout_s, memory_mb and idle_timeout_s must be positive, max_output_bytes non-negative")
     cpu = max(1, math.ceil(timeout_s if cpu_s is None else cpu_s))
     start = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="opdgrpo-sandbox-")
@@ -262,7 +322,7 @@ def run_python(
             log.warning("sandbox could not start: %s", exc)
             return SandboxResult("sandbox", "", f"could not start sandbox: {exc}", None, time.monotonic() - start)
         data = stdin.encode("utf-8", errors="replace")
-        reason, out, err = _communicate(proc, data, start + timeout_s, max_output_bytes)
+        reason, out, err = _communicate(proc, data, start + timeout_s, max_output_bytes, idle_timeout_s)
         _kill_group(proc.pid)  # before reaping, so the group id cannot have been reused
         returncode = proc.wait()
         stdout = out.decode("utf-8", errors="replace")
@@ -296,9 +356,9 @@ def _child_env(workdir: str) -> dict[str, str]:
 
 
 def _communicate(
-    proc: subprocess.Popen, data: bytes, deadline: float, cap: int
+    proc: subprocess.Popen, data: bytes, deadline: float, cap: int, idle_s: float | None = None
 ) -> tuple[str | None, bytearray, bytearray]:
-    """Feed stdin and collect stdout/stderr until EOF, the deadline or the cap.
+    """Feed stdin and collect stdout/stderr until EOF, the deadline (or ``idle_s`` without output) or the cap.
 
     Returns ``(reason, stdout, stderr)`` where ``reason`` is ``"timeout"`` or ``"output"`` if the run
     had to be stopped, else ``None`` (the program exited on its own). Reads stop once the program
@@ -311,6 +371,7 @@ def _communicate(
     sent = 0
     reason: str | None = None
     drain_until: float | None = None  # set once the program has exited
+    last_output = time.monotonic()
     with selectors.DefaultSelector() as sel:
         for fd in readers:
             sel.register(fd, selectors.EVENT_READ)
@@ -321,7 +382,7 @@ def _communicate(
             proc.stdin.close()
         while readers:
             now = time.monotonic()
-            if now >= deadline:
+            if now >= deadline or (idle_s is not None and drain_until is None and now - last_output >= idle_s):
                 reason = "timeout"
                 break
             if drain_until is None and _has_exited(proc.pid):
@@ -347,6 +408,7 @@ def _communicate(
                     sel.unregister(fd)
                     del readers[fd]
                     continue
+                last_output = time.monotonic()
                 buf = readers[fd]
                 if len(buf) + len(chunk) > cap:
                     buf += chunk[: cap - len(buf)]
@@ -410,14 +472,20 @@ def _remove_tree(path: str) -> None:
 
 @functools.lru_cache(maxsize=1)
 def isolation() -> dict[str, bool]:
-    """Which namespaces the sandbox actually gets on this machine: ``{"network": ..., "pid": ...}``.
+    """Which namespaces the sandbox actually gets on this machine.
 
-    Measured by running a probe program (cached): in its own PID namespace the program is PID 2;
-    in its own network namespace the only interface is the loopback.
+    ``{"network": ..., "pid": ..., "filesystem": ...}``, measured by running a probe program (cached):
+    in its own PID namespace the program is PID 2; in its own network namespace the only interface is
+    the loopback; in its own read-only mount namespace it cannot write the directory that holds its
+    working directory (which the caller can).
     """
-    probe = "import os, socket\nprint(os.getpid(), ','.join(n for _, n in socket.if_nameindex()))\n"
+    probe = (
+        "import os, socket\n"
+        "print(os.getpid(), ','.join(n for _, n in socket.if_nameindex()),"
+        " int(os.access(os.path.dirname(os.getcwd()), os.W_OK)))\n"
+    )
     result = run_python(probe, timeout_s=10.0)
     if result.status != "ok":
-        return {"network": False, "pid": False}
-    pid, _, names = result.stdout.strip().partition(" ")
-    return {"network": names == "lo", "pid": pid == "2"}
+        return {"network": False, "pid": False, "filesystem": False}
+    pid, names, writable = (result.stdout.split() + ["", "", ""])[:3]
+    return {"network": names == "lo", "pid": pid == "2", "filesystem": writable == "0"}
