@@ -25,9 +25,9 @@ def test_default_profile_is_tiny():
 
 def test_plan_covers_every_study_and_shares_runs():
     plan = plan_for()
-    assert set(plan.report_spec["studies"]) == {"S1", "S1b", "S3", "S4"}
+    assert set(plan.report_spec["studies"]) == {"S1", "S1b", "S2", "S3", "S4", "S5", "S5b"}
     expert = plan.jobs["grpo-student-math-s0"]
-    assert set(expert.studies) >= {"S1", "S3", "S4"}
+    assert set(expert.studies) >= {"S1", "S3", "S4", "S5"}
     distill = plan.jobs["opd-experts-math+code-s0"]
     assert {"grpo-student-math-s0", "grpo-student-code-s0"} <= set(distill.upstream)
     assert distill.config["teachers"]["math"]["path"].endswith("runs/grpo-student-math-s0/checkpoint")
@@ -63,6 +63,10 @@ def test_an_opd_edit_changes_only_opd_job_configs():
         ("+studies.S9={title: x}", "studies.S9"),
         ("studies.S1.domains=[poetry]", "poetry"),
         ("studies.S1.teachers=[teacher_xl]", "teacher_xl"),
+        ("studies.S2.pool_size=1", "studies.S2.pool_size"),
+        ("studies.S2.teacher_bins=0", "studies.S2.teacher_bins"),
+        ("studies.S2.low_teacher_subsets=9", "studies.S2.low_teacher_subsets"),
+        ("studies.S5.domains=[math,poetry]", "poetry"),
     ],
 )
 def test_bad_config_fails_early_naming_the_key(override, message):
@@ -79,3 +83,34 @@ def test_plan_command_lists_jobs():
     out = subprocess.run([sys.executable, "-m", "opdgrpo.cli", "plan", "profile=smoke", "--conf-dir", str(CONF)],
                          capture_output=True, text=True, check=True).stdout
     assert "opd-experts-math+code-s0" in out and "tokenizer" in out
+
+
+def test_s2_plans_one_selection_and_two_runs_per_subset():
+    plan = plan_for()
+    selection = plan.jobs["difficulty-math-teacher_m"]
+    assert selection.kind == "difficulty" and {"base-student", "base-teacher_m"} <= set(selection.upstream)
+    s2 = plan.report_spec["studies"]["S2"]
+    assert [sub["name"] for sub in s2["subsets"]] == ["s0t0", "s0t1"]  # smoke: 1 x 2 bins
+    grpo = plan.jobs[s2["subsets"][1]["grpo"]]
+    assert selection.id in grpo.upstream
+    assert grpo.config["train_subset"] == {"domain": "math", "subset": "s0t1", "eval_size": None,
+                                           "file": f"{selection.out_dir}/subsets.json"}
+    assert grpo.config["method"]["steps"] == 2 and grpo.config["train"]["eval_every"] == 2
+    opd = plan.jobs[s2["subsets"][1]["opd"]]
+    assert opd.config["teachers"]["math"]["from"] == "base:teacher_m"
+
+
+def test_s5_shares_experts_with_s4_and_s5b_uses_one_teacher_everywhere():
+    plan = plan_for()
+    s4, s5 = plan.report_spec["studies"]["S4"], plan.report_spec["studies"]["S5"]
+    assert set(s4["experts"]) < set(s5["experts"]) and len(s5["experts"]) == 4
+    s5b = plan.jobs[plan.report_spec["studies"]["S5b"]["opd"]].config
+    assert set(s5b["teachers"]) == {"math", "code", "ifeval", "knowledge"}
+    assert {t["from"] for t in s5b["teachers"].values()} == {"base:teacher_m"}
+
+
+def test_several_seeds_plan_every_run_per_seed():
+    plan = plan_for("seeds=[0,1]")
+    s1 = plan.report_spec["studies"]["S1"]
+    assert len(s1["seeds"]) == 2 and "grpo-student-math-s1" in plan.jobs
+    assert len(plan.by_kind("difficulty")) == 1  # the subsets are data: shared by every seed

@@ -97,6 +97,10 @@ def test_an_opd_hyperparameter_reruns_only_opd_runs_and_the_report(smoke_dag):
 def test_a_grpo_hyperparameter_reruns_grpo_and_everything_downstream(smoke_dag):
     dry = snakemake(smoke_dag, "-n", "--config", "profile=smoke", "overrides=[methods.grpo.clip_eps=0.3]")
     jobs = scheduled_jobs(dry.stdout)
-    assert jobs["grpo"] == 5 and jobs["report"] == 1
-    # OPD runs whose teachers are GRPO runs (S1b, S3, S4) rerun too; external-teacher OPD (S1) does not
-    assert jobs["opd"] == 5
+    runs = build_plan(compose(["profile=smoke"], REPO / "conf")).runs()
+    grpo = {j.id for j in runs if j.config["method"]["name"] == "grpo"}
+    assert jobs["grpo"] == len(grpo) == 10 and jobs["report"] == 1
+    # OPD runs whose teachers are GRPO runs (S1b, S3, S4, S5) rerun too; external-teacher OPD (S1, S2, S5b) does not
+    from_grpo = [j for j in runs if j.config["method"]["name"] == "opd"
+                 and any(t["from"].startswith("run:") for t in j.config["teachers"].values())]
+    assert jobs["opd"] == len(from_grpo) == 6

@@ -1,6 +1,6 @@
 """The ``opdgrpo`` command: what Snakemake's thin rules call, and what a user runs by hand.
 
-Subcommands: ``plan`` (print the jobs), ``tokenizer``, ``pretrain``, ``train`` (one job each, given its
+Subcommands: ``plan`` (print the jobs), ``tokenizer``, ``pretrain``, ``difficulty`` (S2's subsets), ``train`` (one job each, given its
 resolved config as JSON), ``report`` and ``savings``.
 """
 
@@ -68,6 +68,14 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_difficulty(args) -> int:
+    from .difficulty import select
+
+    summary = select(_job_config(args), args.out)
+    print(json.dumps({k: summary[k] for k in ("domain", "prompts", "subsets", "wall_s")}))
+    return 0
+
+
 def _forward(module: str, argv: Sequence[str]) -> int:
     """``report`` and ``savings`` own their argument parsers; pass the rest of the line through."""
     import importlib
@@ -89,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. profile=smoke methods.opd.lr=1e-4")
     p.add_argument("--conf-dir", type=Path, default=None)
     p.set_defaults(func=cmd_plan)
-    for name, func in (("tokenizer", cmd_tokenizer), ("pretrain", cmd_pretrain), ("train", cmd_train)):
+    for name, func in (("tokenizer", cmd_tokenizer), ("pretrain", cmd_pretrain), ("difficulty", cmd_difficulty), ("train", cmd_train)):
         p = sub.add_parser(name, help=f"run one {name} job")
         _add_job_args(p)
         p.set_defaults(func=func)

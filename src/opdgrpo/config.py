@@ -96,5 +96,20 @@ def validate(cfg: dict[str, Any]) -> None:
                 raise ConfigError(
                     f"config key `studies.{study}` uses teacher {teacher!r}, which is not in `models` ({sorted(cfg['models'])})"
                 )
+    if "S2" in cfg["studies"]:
+        _validate_s2(cfg)
     if "student" not in cfg["models"]:
         raise ConfigError("config key `models.student` is missing: every study trains the student")
+
+
+def _validate_s2(cfg: dict[str, Any]) -> None:
+    """S2's selection rule must yield non-empty subsets and a sensible comparison."""
+    for key in ("pool_size", "k", "student_bins", "teacher_bins", "batch_size"):
+        _positive(cfg, f"studies.S2.{key}", int)
+    s2 = cfg["studies"]["S2"]
+    n = s2["student_bins"] * s2["teacher_bins"]
+    if s2["pool_size"] < n:
+        raise ConfigError(f"config key `studies.S2.pool_size` ({s2['pool_size']}) must be at least student_bins x teacher_bins ({n})")
+    low = require(cfg, "studies.S2.low_teacher_subsets", int)
+    if not 0 <= low <= n:
+        raise ConfigError(f"config key `studies.S2.low_teacher_subsets` must be in [0, {n}] (the number of subsets), got {low}")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import ConfigError
+from .subsets import subset_names
 
 
 @dataclass
@@ -81,9 +82,12 @@ class _Planner:
         return {"from": ref, "path": f"{job.out_dir}/checkpoint"}, job.id
 
     def run(self, run_id: str, study: str, method: str, domains: list[str], seed: int, student: str,
-            teachers: dict[str, str] | None = None, method_overrides: dict[str, Any] | None = None, label: str = "") -> Job:
+            teachers: dict[str, str] | None = None, method_overrides: dict[str, Any] | None = None, label: str = "",
+            train_overrides: dict[str, Any] | None = None, subset: tuple[Job, dict[str, Any]] | None = None) -> Job:
         method_cfg = copy.deepcopy(self.cfg["methods"][method])
         method_cfg.update({k: v for k, v in (method_overrides or {}).items() if v is not None})
+        train_cfg = copy.deepcopy(self.cfg["train"])
+        train_cfg.update({k: v for k, v in (train_overrides or {}).items() if v is not None})
         student_entry, student_up = self._source(student)
         upstream = [self.tokenizer().id, student_up]
         teacher_entries = {}
@@ -95,7 +99,7 @@ class _Planner:
             "seed": seed,
             "threads": self.cfg["threads"],
             "method": method_cfg,
-            "train": self.cfg["train"],
+            "train": train_cfg,
             "train_domains": domains,
             "eval_domains": domains,
             "domains": {d: self.cfg["domains"][d] for d in domains},
@@ -103,6 +107,10 @@ class _Planner:
             "student": student_entry,
             "teachers": teacher_entries,
         }
+        if subset is not None:  # S2: train on one difficulty subset only
+            selection, subset_cfg = subset
+            cfg["train_subset"] = {**subset_cfg, "file": f"{selection.out_dir}/subsets.json"}
+            upstream.append(selection.id)
         if run_id in self.jobs:
             existing = self.jobs[run_id]
             if existing.config != cfg:
@@ -143,6 +151,38 @@ class _Planner:
             comparisons.append({"domain": d, "grpo": grpo.id, "opd": {label: opd.id}, "teacher": teacher.id})
         return {"title": s["title"], "comparisons": comparisons}
 
+    def difficulty(self, s: dict[str, Any]) -> Job:
+        """S2's selection job: solve rates of the base student and the teacher, cut into subsets (one for all seeds)."""
+        d, t = s["domain"], s["teacher"]
+        job_id = f"difficulty-{d}-{t}"
+        if job_id not in self.jobs:
+            student, teacher = self.base("student"), self.base(t)
+            rule = {k: s[k] for k in ("pool_size", "k", "temperature", "student_bins", "teacher_bins", "batch_size")}
+            rule["precision"] = self.cfg["train"].get("precision", "fp32")
+            cfg = {"domain": d, "domains": {d: self.cfg["domains"][d]}, "rule": rule, "tokenizer": self.tokenizer().out_dir,
+                   "student": {"path": f"{student.out_dir}/checkpoint"}, "teacher": {"path": f"{teacher.out_dir}/checkpoint"},
+                   "max_new_tokens": self.cfg["train"]["max_new_tokens"], "seed": 0, "threads": self.cfg["threads"]}
+            self.jobs[job_id] = Job(job_id, "difficulty", f"{self.root}/difficulty/{job_id}", cfg,
+                                    [self.tokenizer().id, student.id, teacher.id], label=job_id)
+        return self.jobs[job_id]
+
+    def study_S2(self, s: dict[str, Any], seed: int) -> dict[str, Any]:
+        d, t = s["domain"], s["teacher"]
+        selection = self.difficulty(s)
+        if "S2" not in selection.studies:
+            selection.studies.append("S2")
+        evals = {"eval_every": s.get("eval_every")}
+        subsets = []
+        for name in subset_names(int(s["student_bins"]), int(s["teacher_bins"])):
+            sub = (selection, {"domain": d, "subset": name, "eval_size": s.get("in_domain_eval_size")})
+            grpo = self.run(f"grpo-student-{d}_{name}-s{seed}", "S2", "grpo", [d], seed, "base:student",
+                            method_overrides={"steps": s.get("grpo_steps")}, label=f"GRPO {name}", train_overrides=evals, subset=sub)
+            opd = self.run(f"opd-{t}-{d}_{name}-s{seed}", "S2", "opd", [d], seed, "base:student", {d: f"base:{t}"},
+                           {"steps": s.get("opd_steps")}, label=f"OPD {t} {name}", train_overrides=evals, subset=sub)
+            subsets.append({"name": name, "grpo": grpo.id, "opd": opd.id})
+        return {"title": s["title"], "domain": d, "teacher_model": t, "subsets": subsets,
+                "low_teacher_subsets": int(s.get("low_teacher_subsets", 3))}
+
     def study_S3(self, s: dict[str, Any], seed: int) -> dict[str, Any]:
         d = s["domain"]
         grpo = self.grpo_expert("S3", d, seed)
@@ -153,17 +193,33 @@ class _Planner:
                                    {"rollouts_per_prompt": n}, label=label).id
         return {"title": s["title"], "domain": d, "grpo": grpo.id, "teacher": grpo.id, "opd": opd}
 
-    def study_S4(self, s: dict[str, Any], seed: int) -> dict[str, Any]:
+    def consolidation(self, key: str, s: dict[str, Any], seed: int) -> dict[str, Any]:
+        """S4/S5: one GRPO expert per domain, joint GRPO on the mix, multi-teacher OPD of the experts."""
         domains = list(s["domains"])
         mix = "+".join(domains)
-        experts = [self.grpo_expert("S4", d, seed) for d in domains]
-        joint = self.run(f"grpo-student-{mix}-s{seed}", "S4", "grpo", domains, seed, "base:student",
-                         method_overrides={"steps": s.get("joint_steps")}, label="joint GRPO")
-        distill = self.run(f"opd-experts-{mix}-s{seed}", "S4", "opd", domains, seed, "base:student",
+        train = {"mix": s.get("mix")}
+        experts = [self.grpo_expert(key, d, seed) for d in domains]
+        joint = self.run(f"grpo-student-{mix}-s{seed}", key, "grpo", domains, seed, "base:student",
+                         method_overrides={"steps": s.get("joint_steps")}, label="joint GRPO", train_overrides=train)
+        distill = self.run(f"opd-experts-{mix}-s{seed}", key, "opd", domains, seed, "base:student",
                            {d: f"run:{e.id}" for d, e in zip(domains, experts)},
-                           {"steps": s.get("distill_steps")}, label="multi-teacher OPD")
+                           {"steps": s.get("distill_steps")}, label="multi-teacher OPD", train_overrides=train)
         return {"title": s["title"], "domains": domains, "joint": joint.id, "distill": distill.id,
                 "experts": [e.id for e in experts], "tolerance": float(s.get("tolerance", 0.0))}
+
+    def study_S4(self, s: dict[str, Any], seed: int) -> dict[str, Any]:
+        return self.consolidation("S4", s, seed)
+
+    def study_S5(self, s: dict[str, Any], seed: int) -> dict[str, Any]:
+        return self.consolidation("S5", s, seed)
+
+    def study_S5b(self, s: dict[str, Any], seed: int) -> dict[str, Any]:
+        """One external teacher distilled on every domain at once (no experts)."""
+        domains, t = list(s["domains"]), s["teacher"]
+        mix = "+".join(domains)
+        opd = self.run(f"opd-{t}-{mix}-s{seed}", "S5b", "opd", domains, seed, "base:student", {d: f"base:{t}" for d in domains},
+                       {"steps": s.get("steps")}, label=f"OPD {t} (all domains)", train_overrides={"mix": s.get("mix")})
+        return {"title": s["title"], "domains": domains, "teacher_model": t, "opd": opd.id}
 
 
 def build_plan(cfg: dict[str, Any]) -> Plan:

@@ -14,6 +14,10 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
+#: The eval set name under which a run trained on a prompt subset (S2) scores those training prompts; the report
+#: keeps it out of held-out accuracy.
+IN_DOMAIN_SET = "in_domain"
+
 
 def atomic_write_text(path: Path, text: str) -> None:
     path = Path(path)

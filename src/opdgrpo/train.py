@@ -21,12 +21,13 @@ import torch
 
 from . import flops as F
 from .checkpoint import clear_run, config_hash, find_checkpoint, load_state, restore_rng, save_checkpoint
+from .subsets import load_subset
 from .domains import Task, build_domain
 from .evaluation import evaluate, heldout_for
 from .losses import group_advantages, grpo_loss, token_logprobs, topk_reverse_kl
 from .models import autocast, load_model, parameter_count
 from .rollout import sample_and_score
-from .runio import append_jsonl, keep_records, read_jsonl, write_json, write_yaml
+from .runio import IN_DOMAIN_SET, append_jsonl, keep_records, read_jsonl, write_json, write_yaml
 from .tokenizer import load_tokenizer
 
 log = logging.getLogger("opdgrpo.train")
@@ -72,11 +73,32 @@ def upstream_fingerprint(cfg: dict[str, Any]) -> dict[str, str]:
     stale; folding the upstream summaries into the checkpoint's hash makes such a run start over.
     """
     paths = {"student": cfg["student"]["path"], **{f"teacher:{d}": t["path"] for d, t in cfg.get("teachers", {}).items()}}
+    if cfg.get("train_subset"):
+        paths["subsets"] = cfg["train_subset"]["file"]
     prints = {}
     for role, path in paths.items():
         done = Path(path).parent / "done.json"
         prints[role] = done.read_text() if done.is_file() else str(path)
     return prints
+
+
+def restrict_to_subset(pools: dict[str, list[Task]], heldout: dict[str, dict[str, list[Task]]], spec: dict[str, Any]) -> dict[str, Any]:
+    """Train on one S2 subset only, and score its prompts as the ``in_domain`` eval set (the paper's in-domain accuracy).
+
+    Returns the subset's size and solve rates, which ``done.json`` keeps so the report can rank subsets.
+    """
+    domain = spec["domain"]
+    subset = load_subset(Path(spec["file"]), spec["subset"])
+    wanted = subset["prompts"]
+    by_prompt = {t.prompt: t for t in pools[domain]}
+    missing = [p for p in wanted if p not in by_prompt]
+    if missing:
+        raise ValueError(f"{spec['file']}: subset {spec['subset']} has {len(missing)} prompts outside the {domain} training pool "
+                         f"(e.g. {missing[0]!r}); the domain config changed since the subsets were made: rerun the difficulty job")
+    pools[domain] = [by_prompt[p] for p in wanted]
+    heldout.setdefault(domain, {})[IN_DOMAIN_SET] = pools[domain][: int(spec.get("eval_size") or len(wanted))]
+    return {"subset": spec["subset"], "size": len(wanted),
+            **{k: v for k, v in subset.items() if k.endswith("_rate") or k.endswith("_range")}}
 
 
 def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -98,11 +120,12 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
     domains = {name: build_domain(d) for name, d in cfg["domains"].items()}
     pools = {d: domains[d].training_pool() for d in cfg["train_domains"]}
+    heldout = heldout_for(domains, cfg["eval_domains"])
+    subset_info = restrict_to_subset(pools, heldout, cfg["train_subset"]) if cfg.get("train_subset") else None
     for d, pool in pools.items():
         if not pool:
             raise ValueError(f"domain {d}: the training pool is empty; check `domains.{d}.train`")
     counts = domain_counts(pools, int(shared["prompts_per_step"]), str(shared.get("mix", "balanced")))
-    heldout = heldout_for(domains, cfg["eval_domains"])
 
     # -- resume or start: a checkpoint counts only if this config and its upstream made it ----------
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -251,5 +274,7 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     summary = {"run": cfg["run_id"], "method": kind, "steps": steps, "cumulative_flops": cumulative,
                "flops_by_component": totals, "final_eval": final["results"], "parameters": parameter_count(student),
                "wall_s": round(time.time() - started, 1), "counted": True}
+    if subset_info:
+        summary["train_subset"] = subset_info
     write_json(run_dir / "done.json", summary)
     return summary

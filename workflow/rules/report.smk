@@ -3,9 +3,7 @@
 
 REPORT_DIR = f"{ROOT}/report"
 REPORT_STUDIES = [s for s in PLAN.report_spec["studies"]]
-REPORT_FIGURES = [f"{REPORT_DIR}/{s}_accuracy.png" for s in REPORT_STUDIES]
-if "S1b" in REPORT_STUDIES:
-    REPORT_FIGURES.append(f"{REPORT_DIR}/S1b_length.png")
+REPORT_FIGURES = [f"{REPORT_DIR}/{s}_{kind}.png" for s in REPORT_STUDIES for kind in ("accuracy", "length")]
 REPORT_OUTPUTS = [
     f"{REPORT_DIR}/curves.csv",
     f"{REPORT_DIR}/savings.csv",
@@ -19,6 +17,7 @@ rule report:
     input:
         runs=[j.done for j in PLAN.runs()],
         base=[j.done for j in PLAN.by_kind("base")],
+        selections=[j.done for j in PLAN.by_kind("difficulty")],
     output:
         report(f"{REPORT_DIR}/curves.csv", category="Tables", caption="../report/curves.rst"),
         report(f"{REPORT_DIR}/savings.csv", category="Tables", caption="../report/savings.rst"),

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -38,11 +39,12 @@ from opdgrpo.report.curves import (
     study_instances,
     validate_spec_runs,
 )
-from opdgrpo.report.plots import PLOTTERS, PlotContext
+from opdgrpo.report.plots import PLOTTERS, PlotContext, plot_lengths
 from opdgrpo.report.savings import PAPER_CONSOLIDATION, compute_savings
+from opdgrpo.report.uncertainty import bootstrap_interval
 
-#: Study keys handled as consolidation studies (experts + multi-teacher OPD vs joint GRPO). S5 slots in here.
-CONSOLIDATION_STUDIES: tuple[str, ...] = ("S4",)
+#: Study keys handled as consolidation studies (experts + multi-teacher OPD vs joint GRPO).
+CONSOLIDATION_STUDIES: tuple[str, ...] = ("S4", "S5")
 
 SAVINGS_COLUMNS: list[str] = [
     "study",
@@ -60,6 +62,8 @@ SAVINGS_COLUMNS: list[str] = [
     "status",
     "reason",
     "seed",
+    "savings_lo",
+    "savings_hi",
 ]
 
 #: Keys of a study entry whose (nested) string values are run ids.
@@ -147,9 +151,33 @@ def consolidation_rows(
         entry = (spec.get("studies") or {}).get(key)
         if entry is None:
             continue
-        for study in study_instances(entry):
-            rows.append(_consolidation_row(spec, key, study, curves, final_flops))
+        per_seed = [_consolidation_row(spec, key, study, curves, final_flops) for study in study_instances(entry)]
+        rows.extend(per_seed)
+        if len(per_seed) > 1:
+            rows.append(seed_summary_row(per_seed))
     return rows
+
+
+def seed_summary_row(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``seed = all`` row of a study run with several seeds: means over seeds, and the savings' percentile
+    bootstrap interval over seeds. Savings are averaged only when every seed matched (a seed that never matched
+    has no saving to average): otherwise the row says how many matched."""
+    first = per_seed[0]
+    row: dict[str, Any] = {k: first.get(k) for k in ("study", "domains", "paper_savings", "paper_distill_share",
+                                                       "tolerance_points")}
+    for k in ("target_accuracy", "joint_flops", "expert_flops", "distill_flops", "pipeline_flops", "distill_share"):
+        values = [r.get(k) for r in per_seed]
+        row[k] = float(np.mean(values)) if all(v is not None for v in values) else None
+    matched = [r["savings"] for r in per_seed if r.get("savings") is not None]
+    row["seed"] = "all"
+    if len(matched) == len(per_seed):
+        row["savings"], row["savings_lo"], row["savings_hi"] = bootstrap_interval(matched)
+        row["status"], row["reason"] = "matched", ""
+    else:
+        row["savings"] = row["savings_lo"] = row["savings_hi"] = None
+        row["status"] = "not matched"
+        row["reason"] = f"matched in {len(matched)}/{len(per_seed)} seeds"
+    return row
 
 
 def _consolidation_row(
@@ -208,6 +236,9 @@ def savings_markdown(rows: Sequence[Mapping[str, Any]], profile: str) -> str:
     for r in rows:
         name = r["study"] if per_study[r["study"]] == 1 else f"{r['study']} (seed {r['seed']})"
         saving = pct(r["savings"]) if r["status"] == "matched" else f"not matched ({r['reason']})"
+        if r.get("savings_lo") is not None:
+            name = f"**{r['study']} (mean over seeds)**"
+            saving += f" [95% bootstrap {pct(r['savings_lo'])}, {pct(r['savings_hi'])}]"
         lines.append(
             f"| {name} | {r['domains']} | {format_pct(r['target_accuracy'])} | {format_flops(r['joint_flops'])} "
             f"| {format_flops(r['expert_flops'])} | {format_flops(r['distill_flops'])} "
@@ -258,10 +289,10 @@ def draw_figures(
     rather than leaving a contracted figure silently missing.
     """
     labels = {e["run"]: e.get("label", e["run"]) for e in spec["runs"]}
+    summary_rows = {r["study"]: r for r in rows if r.get("seed") == "all"}
     first_rows: dict[str, Mapping[str, Any]] = {}
     for r in rows:
         first_rows.setdefault(r["study"], r)
-    ctx = PlotContext(curves=curves, labels=labels, savings=first_rows, notes=notes)
     figures: dict[str, Figure] = {}
     for key in keys:
         plotter = PLOTTERS.get(key)
@@ -270,15 +301,41 @@ def draw_figures(
             continue
         instances = study_instances(spec["studies"][key])
         study = dict(instances[0])
-        if len(instances) > 1:  # figures show the first seed; savings.csv and claims.md cover every seed
-            seed = instance_seed(dict(spec), study)
-            study["title"] = f"{study.get('title', key)} (seed {seed}, first of {len(instances)})"
-            notes.append(f"study {key}: figure shows seed {seed} of {len(instances)} planned seeds")
+        ctx = PlotContext(curves=curves, labels=labels, savings={**first_rows, **summary_rows}, notes=notes,
+                          seed_runs=seed_twins(instances))
+        if len(instances) > 1:  # lines are means over seeds with a 95% band
+            study["title"] = f"{study.get('title', key)} (mean and 95% interval over {len(instances)} seeds)"
         try:
             figures.update(plotter(key, study, ctx))
+            figures.update(plot_lengths(key, referenced_runs(instances[0]), ctx, study.get("title", key)))
         except (KeyError, ValueError) as exc:
             raise ReportInputError(f"study {key}: cannot draw its figure: {exc}") from exc
     return figures
+
+
+def seed_twins(instances: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Each run of the first seed's study entry -> the runs in the same place of every seed's entry."""
+    per_seed = [referenced_runs(inst) for inst in instances]
+    if any(len(runs) != len(per_seed[0]) for runs in per_seed):
+        raise ReportInputError("report spec: the per-seed entries of a study name different numbers of runs")
+    return {runs[0]: list(runs) for runs in zip(*per_seed)}
+
+
+def attach_subset_rates(spec: dict[str, Any], runs_dir: Path) -> None:
+    """S2: copy each subset's solve rates from its GRPO run's ``done.json`` into the study entry (the report reads
+    run directories only; the rates rank the subsets)."""
+    entry = (spec.get("studies") or {}).get("S2")
+    if entry is None:
+        return
+    for inst in entry["seeds"] if isinstance(entry.get("seeds"), list) else [entry]:
+        for sub in inst.get("subsets", []):
+            done = Path(runs_dir) / sub["grpo"] / "done.json"
+            if not done.is_file():
+                raise ReportInputError(f"{done}: not found (S2 subset {sub['name']})")
+            info = json.loads(done.read_text(encoding="utf-8")).get("train_subset")
+            if not info:
+                raise ReportInputError(f"{done}: no 'train_subset' (S2 subset {sub['name']}); rerun the run")
+            sub.update({k: info[k] for k in ("student_rate", "teacher_rate", "size") if k in info})
 
 
 def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, Any]:
@@ -291,6 +348,7 @@ def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, An
     keys, notes = known_studies(spec)
     check_study_runs(spec, keys)
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
+    attach_subset_rates(spec, runs_dir)
     curves = load_curves(spec, runs_dir)
     final_flops = load_final_flops(runs_dir, [e["run"] for e in spec["runs"]])
     rows = consolidation_rows(spec, curves, final_flops)

@@ -27,6 +27,7 @@ Verdicts are ``holds``, ``does not hold: <why>`` or ``not measured: <why>`` (stu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,8 @@ from opdgrpo.report.curves import (
     study_instances,
 )
 from opdgrpo.report.savings import best_point, first_crossing_flops
+from opdgrpo.report.uncertainty import INCONCLUSIVE, interval_verdict, mean_interval
+from opdgrpo.runio import IN_DOMAIN_SET
 
 HOLDS = "holds"
 FAILS = "does not hold"
@@ -78,6 +81,16 @@ CLAIMS: list[ClaimDef] = [
         "external-teacher OPD often inflates response length",
     ),
     ClaimDef(
+        "S2-in", "S2",
+        "On every difficulty subset, GRPO's final in-domain accuracy beats OPD's peak",
+        "all 8 math subsets (Qwen3-1.7B student, Qwen3-4B thinking teacher)",
+    ),
+    ClaimDef(
+        "S2-heldout", "S2",
+        "On held-out math, OPD finishes higher on the subsets the teacher solves least, GRPO on the rest",
+        "OPD higher on the 3 subsets where the teacher solved the fewest prompts, GRPO on the other 5",
+    ),
+    ClaimDef(
         "S3-n1", "S3",
         "Self-teacher OPD with 1 rollout/prompt reaches the teacher's accuracy with far fewer FLOPs than GRPO",
         "OPD 0.2 EFLOP vs GRPO 10.1 EFLOP to the teacher's avg@16 (about 50x); teacher's GRPO cost excluded",
@@ -97,6 +110,21 @@ CLAIMS: list[ClaimDef] = [
         "Experts + multi-teacher OPD match joint GRPO on the math+code mix with fewer total FLOPs",
         "42.0% fewer total FLOPs than joint GRPO (about 11.25 vs 19.4 EFLOP)",
     ),
+    ClaimDef(
+        "S5-share", "S5",
+        "Distilling four domain experts costs a small fraction of training them",
+        "experts 14.4 EFLOP, distillation 1.15 EFLOP (8.0% of the experts' cost)",
+    ),
+    ClaimDef(
+        "S5-savings", "S5",
+        "Experts + multi-teacher OPD match joint GRPO on the four-domain mix with fewer total FLOPs",
+        "31.6% fewer total FLOPs than joint GRPO on the instance mix (about 15.55 vs 22.7 EFLOP)",
+    ),
+    ClaimDef(
+        "S5b", "S5b",
+        "OPD from a single external teacher on all four domains collapses on most of them",
+        "collapses on most domains, 0% on math and code (external 8B teacher)",
+    ),
 ]
 
 DIRECTION_TESTS = (
@@ -108,10 +136,17 @@ DIRECTION_TESTS = (
     "with n_min, n_max the spec's fewest and most rollouts per prompt (1 and 8 in the paper). **S4** - "
     "savings = 1 - (experts' final FLOPs + distillation FLOPs to joint GRPO's best mix accuracy) / joint GRPO's FLOPs "
     "to that accuracy > 0 (S4-savings); distillation FLOPs / experts' FLOPs < 1 (S4-share). Accuracy of a domain = "
-    "mean of its held-out sets. With several seeds a claim holds iff it holds for every seed."
+    "mean of its held-out sets. **S2-in** - on every subset GRPO's final accuracy on the subset's own prompts > OPD's "
+    "peak there. **S2-heldout** - subsets ranked by the teacher's solve rate; OPD's final held-out accuracy > GRPO's on "
+    "the lowest-ranked ones (3 in the paper), GRPO's >= OPD's on the rest. **S5** - as S4 on four domains. **S5b** - "
+    "a domain collapses when the final held-out accuracy is below half of step 0's (or 0); holds iff more than half "
+    "collapse. With several seeds each test gives a margin per seed (positive iff it holds): the claim holds when the "
+    "95% t interval of the margin over seeds lies above 0, does not hold when it lies at or below 0, and is "
+    "inconclusive when it spans 0; tests without a margin hold iff they hold for every seed, and are inconclusive when "
+    "seeds disagree."
 )
 
-Verdicts = dict[str, tuple[str, str]]  # claim id -> (ours, verdict)
+Verdicts = dict[str, tuple]  # claim id -> (ours, verdict) or (ours, verdict, margin, strict); see _combine
 
 
 # ------------------------------------------------------------------------------------------------------- helpers
@@ -123,9 +158,9 @@ def _domain_curve(curves: pd.DataFrame, run: str, domain: str) -> pd.DataFrame:
     return dom
 
 
-def _loses_per_flop(study: Mapping[str, Any], curves: pd.DataFrame) -> tuple[str, str]:
-    """The S1 test over a comparison study; returns (ours, verdict)."""
-    parts, failures = [], []
+def _loses_per_flop(study: Mapping[str, Any], curves: pd.DataFrame) -> tuple:
+    """The S1 test over a comparison study; returns (ours, verdict, margin = worst GRPO - OPD gap, strict=False)."""
+    parts, failures, margins = [], [], []
     for comp in study.get("comparisons", []):
         domain = comp["domain"]
         grpo = _domain_curve(curves, comp["grpo"], domain)
@@ -136,6 +171,7 @@ def _loses_per_flop(study: Mapping[str, Any], curves: pd.DataFrame) -> tuple[str
             within = grpo[grpo["cumulative_flops"] <= f_opd]
             g_within = float(within["accuracy"].max())
             ok = g_within >= a_opd - 1e-9
+            margins.append(g_within - a_opd)
             parts.append(
                 f"{domain}, {label}: OPD peak {format_pct(a_opd)} at {format_flops(f_opd)} vs GRPO "
                 f"{format_pct(g_within)} within that budget (GRPO best {format_pct(g_best[0])} at "
@@ -146,7 +182,7 @@ def _loses_per_flop(study: Mapping[str, Any], curves: pd.DataFrame) -> tuple[str
     if not parts:
         return "no comparisons in the spec", f"{UNMEASURED}: the study lists no comparisons"
     verdict = HOLDS if not failures else f"{FAILS}: OPD's peak beats GRPO at equal FLOPs on {', '.join(failures)}"
-    return "; ".join(parts), verdict
+    return "; ".join(parts), verdict, min(margins), False
 
 
 # ---------------------------------------------------------------------------------------------------- evaluators
@@ -172,7 +208,7 @@ def eval_s1b(study: Mapping[str, Any], curves: pd.DataFrame, savings: Mapping[st
     else:
         summary = f"OPD longer in {inflated}/{pairs} pairs"
         verdict = HOLDS if inflated > pairs / 2 else f"{FAILS}: {summary}"
-        out["S1b-len"] = ("; ".join(parts) + f" ({summary})", verdict)
+        out["S1b-len"] = ("; ".join(parts) + f" ({summary})", verdict, inflated / pairs - 0.5, True)
     return out
 
 
@@ -218,7 +254,7 @@ def eval_s3(study: Mapping[str, Any], curves: pd.DataFrame, savings: Mapping[str
     elif why1 is not None:
         out["S3-n1"] = (f"{head}; {text1}", f"{UNMEASURED}: {why1}")
     else:
-        out["S3-n1"] = (f"{head}; {text1}", HOLDS if r1 > 1 else f"{FAILS}: ratio {r1:.2f} <= 1")
+        out["S3-n1"] = (f"{head}; {text1}", HOLDS if r1 > 1 else f"{FAILS}: ratio {r1:.2f} <= 1", math.log(r1), True)
     if len(opd_runs) > 1:
         n8 = int(str(n_max[0]))
         text8, r8, why8 = ratio_text(n8)
@@ -233,18 +269,19 @@ def eval_s3(study: Mapping[str, Any], curves: pd.DataFrame, savings: Mapping[str
             # Both ratios share the numerator F_grpo, so ratio(n_min) > ratio(n_max) <=> F_opd(n_min) < F_opd(n_max).
             above_one = r8 > 1 if f_grpo is not None else grpo_total >= f_opd[n8]
             smaller = f_opd[n1] < f_opd[n8]
+            margin = min(math.log(r8), math.log(r1 / r8)) if f_grpo is not None else None
             if above_one and smaller:
-                out["S3-n8"] = (ours, HOLDS)
+                out["S3-n8"] = (ours, HOLDS, margin, True)
             else:
                 why = [] if above_one else [f"ratio(n={n8}) <= 1"]
                 why += [] if smaller else [f"ratio(n={n1}) <= ratio(n={n8})"]
-                out["S3-n8"] = (ours, f"{FAILS}: {' and '.join(why)}")
+                out["S3-n8"] = (ours, f"{FAILS}: {' and '.join(why)}", margin, True)
     return out
 
 
-def eval_s4(study: Mapping[str, Any], curves: pd.DataFrame, savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
-    """S4: distillation share and matched-FLOP savings, read from the savings rows."""
-    sav = savings.get("S4")
+def _consolidation(key: str, savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
+    """S4/S5: distillation share and matched-FLOP savings, read from the study's savings row."""
+    sav = savings.get(key)
     if sav is None:
         return {}
     expert, distill = sav.get("expert_flops"), sav.get("distill_flops")
@@ -253,24 +290,104 @@ def eval_s4(study: Mapping[str, Any], curves: pd.DataFrame, savings: Mapping[str
         share = (f"experts {format_flops(expert)}; distillation never reached the target", f"{UNMEASURED}: {why}")
         saving = (f"target {format_pct(sav.get('target_accuracy'))}, joint {format_flops(sav.get('joint_flops'))}; "
                   "pipeline never matched", f"{FAILS}: {why}")
-        return {"S4-share": share, "S4-savings": saving}
+        return {f"{key}-share": share, f"{key}-savings": saving}
     out: Verdicts = {}
     s = sav.get("distill_share")
     share_txt = f"experts {format_flops(expert)}, distillation {format_flops(distill)}"
     if s is None:
-        out["S4-share"] = (share_txt, f"{UNMEASURED}: experts' FLOPs are 0")
+        out[f"{key}-share"] = (share_txt, f"{UNMEASURED}: experts' FLOPs are 0")
     else:
-        out["S4-share"] = (f"{share_txt} ({100 * s:.1f}% of experts)", HOLDS if s < 1 else f"{FAILS}: share >= 1")
+        out[f"{key}-share"] = (f"{share_txt} ({100 * s:.1f}% of experts)", HOLDS if s < 1 else f"{FAILS}: share >= 1", 1 - s, True)
     sv = sav.get("savings")
     txt = (f"pipeline {format_flops(sav.get('pipeline_flops'))} vs joint {format_flops(sav.get('joint_flops'))} "
            f"at target mix accuracy {format_pct(sav.get('target_accuracy'))}")
     if sv is None:
-        out["S4-savings"] = (txt, f"{UNMEASURED}: {sav.get('reason', 'savings undefined')}")
+        out[f"{key}-savings"] = (txt, f"{UNMEASURED}: {sav.get('reason', 'savings undefined')}")
     else:
         more_or_less = "fewer" if sv >= 0 else "more"
-        out["S4-savings"] = (f"{100 * abs(sv):.1f}% {more_or_less} total FLOPs: {txt}",
-                             HOLDS if sv > 0 else f"{FAILS}: the pipeline costs more than joint GRPO")
+        out[f"{key}-savings"] = (f"{100 * abs(sv):.1f}% {more_or_less} total FLOPs: {txt}",
+                             HOLDS if sv > 0 else f"{FAILS}: the pipeline costs more than joint GRPO", sv, True)
     return out
+
+
+def eval_s4(study: Mapping[str, Any], curves: pd.DataFrame, savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
+    """S4: two-domain consolidation."""
+    return _consolidation("S4", savings)
+
+
+def eval_s5(study: Mapping[str, Any], curves: pd.DataFrame, savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
+    """S5: four-domain consolidation."""
+    return _consolidation("S5", savings)
+
+
+def _in_domain_curve(curves: pd.DataFrame, run: str) -> pd.DataFrame:
+    rows = run_curve(curves, run)
+    rows = rows[rows["eval_set"] == IN_DOMAIN_SET].sort_values("step", kind="stable")
+    if rows.empty:
+        raise ReportInputError(f"run '{run}' has no in-domain evaluation (eval set '{IN_DOMAIN_SET}')")
+    return rows
+
+
+def eval_s2(study: Mapping[str, Any], curves: pd.DataFrame, savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
+    """S2: per subset, GRPO's final in-domain accuracy vs OPD's in-domain peak; then who finishes higher on held-out.
+
+    Subsets are ranked by the teacher's solve rate (``teacher_rate``, from the runs' ``done.json``); the
+    ``low_teacher_subsets`` lowest are where the paper has OPD finishing higher on held-out math.
+    """
+    domain, subsets = study["domain"], list(study.get("subsets", []))
+    if not subsets:
+        return {}
+    if any("teacher_rate" not in sub for sub in subsets):
+        raise ReportInputError("S2: subsets lack the teacher's solve rate (the runs' done.json has no train_subset)")
+    in_parts, in_fail, in_margins = [], [], []
+    for sub in subsets:
+        g_final = float(_in_domain_curve(curves, sub["grpo"])["accuracy"].iloc[-1])
+        o_peak = float(_in_domain_curve(curves, sub["opd"])["accuracy"].max())
+        in_margins.append(g_final - o_peak)
+        in_parts.append(f"{sub['name']} {format_pct(g_final)} vs {format_pct(o_peak)}")
+        if not g_final > o_peak:
+            in_fail.append(sub["name"])
+    n = len(subsets)
+    out: Verdicts = {"S2-in": (
+        f"GRPO final vs OPD peak, in-domain: {'; '.join(in_parts)} (GRPO higher on {n - len(in_fail)}/{n})",
+        HOLDS if not in_fail else f"{FAILS}: OPD's peak is at least GRPO's final on {', '.join(in_fail)}",
+        min(in_margins), True)}
+    n_low = int(study.get("low_teacher_subsets", 3))
+    ranked = sorted(subsets, key=lambda sub: (float(sub["teacher_rate"]), sub["name"]))
+    low = {sub["name"] for sub in ranked[:n_low]}
+    parts, mismatched, margins = [], [], []
+    for sub in ranked:
+        g = float(_domain_curve(curves, sub["grpo"], domain)["accuracy"].iloc[-1])
+        o = float(_domain_curve(curves, sub["opd"], domain)["accuracy"].iloc[-1])
+        winner = "OPD" if o > g else "GRPO"
+        expected = "OPD" if sub["name"] in low else "GRPO"
+        margins.append(o - g if expected == "OPD" else g - o)
+        parts.append(f"{sub['name']} (teacher {100 * float(sub['teacher_rate']):.0f}%): {winner} "
+                     f"{format_pct(max(o, g))} vs {format_pct(min(o, g))}")
+        if winner != expected:
+            mismatched.append(sub["name"])
+    ours = (f"ranked by teacher solve rate: {'; '.join(parts)}; pattern (OPD on the {n_low} lowest, GRPO on the rest) "
+            f"matched on {n - len(mismatched)}/{n}")
+    out["S2-heldout"] = (ours, HOLDS if not mismatched else f"{FAILS}: not matched on {', '.join(mismatched)}",
+                         min(margins), True)
+    return out
+
+
+def eval_s5b(study: Mapping[str, Any], curves: pd.DataFrame, savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
+    """S5b: a domain *collapses* when the OPD run's final held-out accuracy is below half its step-0 accuracy
+    (or is 0). The claim holds when more than half of the domains collapse."""
+    run, domains = study["opd"], list(study["domains"])
+    parts, collapsed = [], 0
+    for d in domains:
+        c = _domain_curve(curves, run, d)
+        first, last = float(c["accuracy"].iloc[0]), float(c["accuracy"].iloc[-1])
+        down = last < 0.5 * first or last == 0.0
+        collapsed += down
+        parts.append(f"{d} {format_pct(first)} -> {format_pct(last)}{' (collapsed)' if down else ''}")
+    share = collapsed / len(domains)
+    ours = f"step 0 -> final: {'; '.join(parts)} ({collapsed}/{len(domains)} collapsed)"
+    return {"S5b": (ours, HOLDS if share > 0.5 else f"{FAILS}: {collapsed}/{len(domains)} domains collapsed",
+                    share - 0.5, True)}
 
 
 #: Study key -> evaluator filling that study's claim rows. Add S2/S5/S5b here (and their rows in :data:`CLAIMS`).
@@ -278,7 +395,10 @@ EVALUATORS: dict[str, Callable[[Mapping[str, Any], pd.DataFrame, Mapping[str, Ma
     "S1": eval_s1,
     "S1b": eval_s1b,
     "S3": eval_s3,
+    "S2": eval_s2,
     "S4": eval_s4,
+    "S5": eval_s5,
+    "S5b": eval_s5b,
 }
 
 
@@ -301,21 +421,39 @@ def _savings_for(rows: list[Mapping[str, Any]], key: str, seed: Any) -> dict[str
     return {key: mine[0]} if mine else {}
 
 
-def _combine(per_seed: list[tuple[Any, str, str]]) -> tuple[str, str]:
-    """Merge one claim's (seed, ours, verdict) over seeds: holds iff it holds for every seed."""
+def _combine(per_seed: list[tuple]) -> tuple[str, str]:
+    """Merge one claim's per-seed results ``(seed, ours, verdict[, margin, strict])`` into (ours, verdict).
+
+    One seed: its own verdict. Several: when every seed gives a margin (a number that is > 0, or >= 0 when not
+    strict, exactly when the claim holds for that seed), the verdict is the 95% t interval's over seeds (holds /
+    does not hold / inconclusive, :func:`~opdgrpo.report.uncertainty.interval_verdict`). Otherwise it holds iff every
+    seed holds, does not hold iff none does, and is inconclusive when seeds disagree.
+    """
     if len(per_seed) == 1:
         return per_seed[0][1], per_seed[0][2]
-    ours = "; ".join(f"seed {seed}: {o}" for seed, o, _ in per_seed)
-    failing = [(seed, v) for seed, _, v in per_seed if v.startswith(FAILS)]
-    unmeasured = [(seed, v) for seed, _, v in per_seed if v.startswith(UNMEASURED)]
+    ours = "; ".join(f"seed {r[0]}: {r[1]}" for r in per_seed)
+    verdicts = [r[2] for r in per_seed]
+    unmeasured = [(r[0], r[2]) for r in per_seed if r[2].startswith(UNMEASURED)]
+
     def why(verdict: str) -> str:
         return verdict.split(":", 1)[1].strip() if ":" in verdict else verdict
 
-    if failing:
-        return ours, f"{FAILS} for {len(failing)}/{len(per_seed)} seeds (seed {failing[0][0]}: {why(failing[0][1])})"
     if unmeasured:
         return ours, f"{UNMEASURED} for seed {unmeasured[0][0]}: {why(unmeasured[0][1])}"
-    return ours, HOLDS
+    margins = [r[3] if len(r) > 3 else None for r in per_seed]
+    if all(m is not None and math.isfinite(m) for m in margins):
+        mean, lo, hi = mean_interval(margins)
+        strict = bool(per_seed[0][4])
+        verdict = interval_verdict(lo, hi, 0.0, strict=strict)
+        summary = f"margin {mean:+.3g}, 95% interval [{lo:+.3g}, {hi:+.3g}] over {len(per_seed)} seeds"
+        return f"{summary}; {ours}", verdict if verdict != INCONCLUSIVE else f"{INCONCLUSIVE}: the interval spans 0"
+    holding = sum(v == HOLDS for v in verdicts)
+    if holding == len(verdicts):
+        return ours, HOLDS
+    if holding == 0:
+        failing = next(r for r in per_seed if r[2] != HOLDS)
+        return ours, f"{FAILS} for any of {len(per_seed)} seeds (seed {failing[0]}: {why(failing[2])})"
+    return ours, f"{INCONCLUSIVE}: holds for {holding}/{len(verdicts)} seeds"
 
 
 def evaluate_claims(
@@ -338,8 +476,8 @@ def evaluate_claims(
             except (ReportInputError, KeyError, ValueError) as exc:
                 why = f"the spec's {key} entry lacks key {exc}" if isinstance(exc, KeyError) else str(exc)
                 found = {c.id: ("n/a", f"{UNMEASURED}: {why}") for c in CLAIMS if c.study == key}
-            for cid, (ours, verdict) in found.items():
-                per_claim.setdefault(cid, []).append((seed, ours, verdict))
+            for cid, result in found.items():
+                per_claim.setdefault(cid, []).append((seed, *result))
         results.update({cid: _combine(v) for cid, v in per_claim.items()})
     rows = []
     for c in CLAIMS:

@@ -20,6 +20,8 @@ from typing import Any
 
 import pandas as pd
 
+from opdgrpo.runio import IN_DOMAIN_SET
+
 #: The contracted column order of ``curves.csv`` (DESIGN.md, "Files a run leaves").
 CURVE_COLUMNS: list[str] = [
     "run",
@@ -253,10 +255,14 @@ def run_curve(curves: pd.DataFrame, run: str) -> pd.DataFrame:
 def domain_accuracy(df: pd.DataFrame) -> pd.DataFrame:
     """A domain's accuracy (and mean response length) = mean over its held-out sets, per evaluation point.
 
+    The ``in_domain`` set (an S2 run's own training prompts) is left out: it is not held out.
+
     Why a plain mean over sets: DESIGN.md's savings contract defines it so (AIME and AMC weigh equally, whatever
     their sizes). Returns :data:`POINT_KEYS` + ``eval_domain, accuracy, mean_response_length``, sorted by step.
     """
     keys = [k for k in POINT_KEYS if k in df.columns] + ["eval_domain"]
+    if "eval_set" in df.columns:  # a subset run's scores on its own training prompts are not held-out accuracy
+        df = df[df["eval_set"] != IN_DOMAIN_SET]
     out = (
         df.groupby(keys, dropna=False, sort=False)[["accuracy", "mean_response_length"]]
         .mean()

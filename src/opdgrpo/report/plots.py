@@ -1,4 +1,4 @@
-"""Accuracy-vs-training-FLOPs figures, one per study, plus S1b's response-length figure.
+"""Accuracy-vs-training-FLOPs figures and response-length-vs-FLOPs figures, one of each per study.
 
 The paper's argument is made on accuracy-vs-FLOPs curves, so every figure uses cumulative *training* FLOPs on a
 log x axis (evaluation FLOPs are never counted), one line per method/run label, a marker at every evaluation point.
@@ -13,7 +13,8 @@ first real decade; every figure's caption says so. Distances left of the break m
 
 Figures are built on :class:`matplotlib.figure.Figure` with the Agg canvas (no pyplot global state), and returned
 to the caller, which saves them (PNG and PDF) atomically. Study kinds are registered in :data:`PLOTTERS`; a new study
-kind slots in by adding one function there.
+kind slots in by adding one function there. With several seeds each line is the mean over seeds at each evaluation
+step with its 95% t interval as a shaded band (:class:`PlotContext` maps a run to its twins in the other seeds).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from opdgrpo.report.curves import domain_accuracy, flop_unit, format_flops, mix_accuracy, run_curve
+from opdgrpo.report.uncertainty import mean_interval
+from opdgrpo.runio import IN_DOMAIN_SET
 
 STEP0_CAPTION = (
     "x: cumulative training FLOPs, log scale. Step 0 (0 FLOPs) is drawn at the tick labelled 0, one decade left of "
@@ -51,6 +54,8 @@ class Line:
     linestyle: str = "-"
     marker: str = "o"
     color_key: str | None = None  # lines sharing a key share a colour (e.g. a run shifted in the mix panel)
+    lo: np.ndarray | None = None  # a 95% interval over seeds, drawn as a band (None: one seed)
+    hi: np.ndarray | None = None
 
 
 @dataclass
@@ -73,10 +78,58 @@ class PlotContext:
     labels: Mapping[str, str]
     savings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    seed_runs: Mapping[str, Sequence[str]] = field(default_factory=dict)  # a run -> the same run in every seed
 
     def label(self, run: str) -> str:
         """Legend label of a run: the spec's ``label`` or the run id."""
         return str(self.labels.get(run, run))
+
+    def series(self, run: str, domain: str | Sequence[str], value: str = "accuracy") -> Series:
+        """A run's curve on one domain (or the mean over a mix of domains); with several seeds, the mean over
+        seeds at each step and its 95% t interval (FLOPs: the seeds' mean)."""
+        runs = list(self.seed_runs.get(run, [run]))
+        per_seed = [_one_series(self.curves, r, domain, value) for r in runs]
+        if len(per_seed) == 1:
+            steps, flops, y = per_seed[0]
+            return Series(flops, y)
+        common = sorted(set.intersection(*(set(st.tolist()) for st, _, _ in per_seed)))
+        if not common:
+            raise ValueError(f"runs {runs} share no evaluation step")
+        flops = np.mean([[f[list(st).index(c)] for c in common] for st, f, _ in per_seed], axis=0)
+        ys = np.array([[y[list(st).index(c)] for c in common] for st, _, y in per_seed])
+        stats = np.array([mean_interval(ys[:, j]) for j in range(len(common))])
+        return Series(flops, stats[:, 0], stats[:, 1], stats[:, 2])
+
+    def line(self, run: str, domain: str | Sequence[str], label: str, value: str = "accuracy", **style: Any) -> Line:
+        ser = self.series(run, domain, value)
+        return Line(label, ser.flops, ser.y, lo=ser.lo, hi=ser.hi, **style)
+
+
+@dataclass
+class Series:
+    flops: np.ndarray
+    y: np.ndarray
+    lo: np.ndarray | None = None
+    hi: np.ndarray | None = None
+
+
+def _one_series(curves: pd.DataFrame, run: str, domain: str | Sequence[str], value: str) -> tuple[np.ndarray, ...]:
+    """(steps, FLOPs, value) of one run: a held-out domain, a mix of domains (list), or ``in_domain`` (S2)."""
+    rows = run_curve(curves, run)
+    if isinstance(domain, str) and domain == IN_DOMAIN_SET:
+        cur = rows[rows["eval_set"] == IN_DOMAIN_SET].sort_values("step", kind="stable")
+        if cur.empty:
+            raise ValueError(f"run '{run}' has no in-domain evaluation")
+    elif isinstance(domain, str):
+        cur = domain_accuracy(rows)
+        cur = cur[cur["eval_domain"] == domain]
+        if cur.empty:
+            raise ValueError(f"run '{run}' has no evaluation on domain '{domain}'")
+    else:
+        cur = mix_accuracy(rows, list(domain))
+    y = cur[value].to_numpy(dtype=float)
+    return (cur["step"].to_numpy(), cur["cumulative_flops"].to_numpy(dtype=float),
+            100.0 * y if value == "accuracy" else y)
 
 
 # ------------------------------------------------------------------------------------------------------ rendering
@@ -131,6 +184,9 @@ def render(panels: Sequence[Panel], title: str, caption: str = STEP0_CAPTION) ->
                 sx(np.asarray(line.flops)[order]), np.asarray(line.y)[order], linestyle=line.linestyle,
                 marker=line.marker, markersize=4, linewidth=1.6, color=color, label=line.label,
             )
+            if line.lo is not None and line.hi is not None:
+                ax.fill_between(sx(np.asarray(line.flops)[order]), np.asarray(line.lo)[order],
+                                np.asarray(line.hi)[order], color=color, alpha=0.15, linewidth=0)
         for y, label in panel.hlines:
             ax.axhline(y, color="grey", linestyle="--", linewidth=1.0, label=label)
         for x, label in panel.vlines:
@@ -160,31 +216,6 @@ def render(panels: Sequence[Panel], title: str, caption: str = STEP0_CAPTION) ->
     return fig
 
 
-# --------------------------------------------------------------------------------------------------- data helpers
-def domain_series(curves: pd.DataFrame, run: str, domain: str, value: str = "accuracy") -> tuple[np.ndarray, np.ndarray]:
-    """(FLOPs, value) of one run on one eval domain (mean over that domain's held-out sets), in step order.
-
-    Accuracy is returned in percent. Raises if the run never evaluates the domain.
-    """
-    dom = domain_accuracy(run_curve(curves, run))
-    dom = dom[dom["eval_domain"] == domain]
-    if dom.empty:
-        raise ValueError(f"run '{run}' has no evaluation on domain '{domain}'")
-    y = dom[value].to_numpy(dtype=float)
-    return dom["cumulative_flops"].to_numpy(dtype=float), (100.0 * y if value == "accuracy" else y)
-
-
-def mix_series(curves: pd.DataFrame, run: str, domains: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(FLOPs, mix accuracy in percent) of one run over ``domains``, in step order."""
-    mix = mix_accuracy(run_curve(curves, run), domains)
-    return mix["cumulative_flops"].to_numpy(dtype=float), 100.0 * mix["accuracy"].to_numpy(dtype=float)
-
-
-def _final_value(curves: pd.DataFrame, run: str, domain: str, value: str = "accuracy") -> float:
-    flops, y = domain_series(curves, run, domain, value)
-    return float(y[-1])
-
-
 # ------------------------------------------------------------------------------------------------- study plotters
 def _comparison_panels(study: Mapping[str, Any], ctx: PlotContext, value: str) -> list[Panel]:
     ylabel = "held-out accuracy (%)" if value == "accuracy" else "mean response length (tokens)"
@@ -195,12 +226,10 @@ def _comparison_panels(study: Mapping[str, Any], ctx: PlotContext, value: str) -
         runs = [(ctx.label(comp["grpo"]), comp["grpo"], "-")]
         runs += [(str(lbl), run, "--") for lbl, run in comp.get("opd", {}).items()]
         for label, run, ls in runs:
-            flops, y = domain_series(ctx.curves, run, domain, value)
-            panel.lines.append(Line(label, flops, y, linestyle=ls))
+            panel.lines.append(ctx.line(run, domain, label, value, linestyle=ls))
         base = study.get("base_length_run")
         if value == "mean_response_length" and base:
-            flops, y = domain_series(ctx.curves, base, domain, value)
-            panel.hlines.append((float(y[0]), f"base student ({base}, step 0)"))
+            panel.hlines.append((float(ctx.series(base, domain, value).y[0]), f"base student ({base}, step 0)"))
         panels.append(panel)
     return panels
 
@@ -211,14 +240,6 @@ def plot_comparison(key: str, study: Mapping[str, Any], ctx: PlotContext) -> dic
     return {f"{key}_accuracy": render(_comparison_panels(study, ctx, "accuracy"), title)}
 
 
-def plot_comparison_with_length(key: str, study: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
-    """S1b: the comparison figure plus response length vs FLOPs (OPD from long-answering teachers inflates it)."""
-    figs = plot_comparison(key, study, ctx)
-    title = f"{key}: mean response length - {study.get('title', key)}"
-    figs[f"{key}_length"] = render(_comparison_panels(study, ctx, "mean_response_length"), title)
-    return figs
-
-
 def plot_self_teacher(key: str, study: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
     """S3: GRPO vs self-teacher OPD at several rollout counts, with the teacher's final accuracy as a line.
 
@@ -226,16 +247,35 @@ def plot_self_teacher(key: str, study: Mapping[str, Any], ctx: PlotContext) -> d
     """
     domain = study["domain"]
     panel = Panel(title=domain, ylabel="held-out accuracy (%)")
-    flops, y = domain_series(ctx.curves, study["grpo"], domain)
-    panel.lines.append(Line(ctx.label(study["grpo"]), flops, y))
+    panel.lines.append(ctx.line(study["grpo"], domain, ctx.label(study["grpo"])))
     for n, run in sorted(study.get("opd", {}).items(), key=lambda kv: _as_int(kv[0])):
-        flops, y = domain_series(ctx.curves, run, domain)
         suffix = "rollout" if str(n) == "1" else "rollouts"
-        panel.lines.append(Line(f"self-teacher OPD, {n} {suffix}/prompt", flops, y, linestyle="--"))
+        panel.lines.append(ctx.line(run, domain, f"self-teacher OPD, {n} {suffix}/prompt", linestyle="--"))
     teacher = study["teacher"]
-    panel.hlines.append((_final_value(ctx.curves, teacher, domain), f"teacher ({teacher}) final accuracy"))
+    panel.hlines.append((float(ctx.series(teacher, domain).y[-1]), f"teacher ({teacher}) final accuracy"))
     caption = STEP0_CAPTION + " OPD FLOPs exclude the teacher's own GRPO training, as in the paper."
     return {f"{key}_accuracy": render([panel], f"{key}: {study.get('title', key)}", caption)}
+
+
+def plot_difficulty(key: str, study: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
+    """S2: one panel per difficulty subset (ranked by the teacher's solve rate): GRPO and OPD on the subset's own
+    prompts (solid, in-domain) and on held-out math (dotted)."""
+    domain = study["domain"]
+    panels = []
+    subsets = sorted(study.get("subsets", []), key=lambda sub: (float(sub.get("teacher_rate", 0.0)), sub["name"]))
+    for sub in subsets:
+        rates = ""
+        if "teacher_rate" in sub:
+            rates = f" (solve rate: student {100 * sub['student_rate']:.0f}%, teacher {100 * sub['teacher_rate']:.0f}%)"
+        panel = Panel(title=f"{sub['name']}{rates}", ylabel="accuracy (%)")
+        for method, run in (("GRPO", sub["grpo"]), ("OPD", sub["opd"])):
+            panel.lines.append(ctx.line(run, IN_DOMAIN_SET, f"{method}, in-domain", color_key=method))
+            panel.lines.append(ctx.line(run, domain, f"{method}, held-out {domain}", linestyle=":", marker="s",
+                                        color_key=method))
+        panels.append(panel)
+    caption = (STEP0_CAPTION + " Panels are ordered by the teacher's solve rate on the subset, lowest first; "
+               "in-domain = the subset's own training prompts.")
+    return {f"{key}_accuracy": render(panels, f"{key}: {study.get('title', key)}", caption)}
 
 
 def plot_consolidation(key: str, study: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
@@ -255,20 +295,18 @@ def plot_consolidation(key: str, study: Mapping[str, Any], ctx: PlotContext) -> 
         panel = Panel(title=domain, ylabel="held-out accuracy (%)")
         for run, ls, label in runs:
             try:
-                flops, y = domain_series(ctx.curves, run, domain)
+                panel.lines.append(ctx.line(run, domain, label, linestyle=ls, color_key=run))
             except ValueError:
                 continue  # an expert need not evaluate the other domains
-            panel.lines.append(Line(label, flops, y, linestyle=ls, color_key=run))
         panels.append(panel)
     sav = ctx.savings.get(key, {})
     expert_flops = sav.get("expert_flops")
     if expert_flops is None:
         expert_flops = float(sum(run_curve(ctx.curves, e)["cumulative_flops"].max() for e in experts))
     mix = Panel(title=f"mix ({' + '.join(domains)}), pipeline cost", ylabel="mix accuracy (%)")
-    flops, y = mix_series(ctx.curves, joint, domains)
-    mix.lines.append(Line(ctx.label(joint), flops, y, color_key=joint))
-    flops, y = mix_series(ctx.curves, distill, domains)
-    shifted = Line(f"{ctx.label(distill)} (+ experts' FLOPs)", flops + expert_flops, y, linestyle="--", color_key=distill)
+    mix.lines.append(ctx.line(joint, domains, ctx.label(joint), color_key=joint))
+    shifted = ctx.line(distill, domains, f"{ctx.label(distill)} (+ experts' FLOPs)", linestyle="--", color_key=distill)
+    shifted.flops = shifted.flops + expert_flops
     mix.lines.append(shifted)
     mix.vlines.append((expert_flops, f"experts' total {format_flops(expert_flops)}"))
     if sav.get("target_accuracy") is not None:
@@ -285,6 +323,40 @@ def plot_consolidation(key: str, study: Mapping[str, Any], ctx: PlotContext) -> 
     return {f"{key}_accuracy": render(panels, f"{key}: {study.get('title', key)}", caption)}
 
 
+def plot_single_teacher(key: str, study: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
+    """S5b: one external teacher distilled on every domain: one panel per domain (does it collapse?)."""
+    run = study["opd"]
+    panels = []
+    for domain in study["domains"]:
+        panel = Panel(title=domain, ylabel="held-out accuracy (%)")
+        panel.lines.append(ctx.line(run, domain, ctx.label(run), linestyle="--"))
+        panels.append(panel)
+    return {f"{key}_accuracy": render(panels, f"{key}: {study.get('title', key)}")}
+
+
+def plot_lengths(key: str, runs: Sequence[str], ctx: PlotContext, title: str) -> dict[str, Figure]:
+    """Any study: mean response length on held-out sets against training FLOPs, one panel per evaluated domain,
+    one line per run of the study (external-teacher OPD's length inflation, S1b, shows here for every study)."""
+    domains: list[str] = []
+    for run in runs:
+        for d in domain_accuracy(run_curve(ctx.curves, run))["eval_domain"]:
+            if d not in domains:
+                domains.append(d)
+    panels = []
+    for domain in domains:
+        panel = Panel(title=domain, ylabel="mean response length (tokens)")
+        for run in runs:
+            try:
+                label = ctx.label(run)
+                trained = run_curve(ctx.curves, run)["train_domains"].iloc[0]
+                panel.lines.append(ctx.line(run, domain, f"{label} [{trained}]", "mean_response_length", color_key=run,
+                                            linestyle="-" if run_curve(ctx.curves, run)["method"].iloc[0] == "grpo" else "--"))
+            except ValueError:
+                continue
+        panels.append(panel)
+    return {f"{key}_length": render(panels, f"{key}: mean response length - {title}")}
+
+
 def _as_int(value: Any) -> float:
     try:
         return float(int(str(value)))
@@ -292,11 +364,14 @@ def _as_int(value: Any) -> float:
         return math.inf
 
 
-#: Study key -> plotter. A new study kind (S2, S5, S5b) slots in by adding one entry (S5 can reuse
-#: :func:`plot_consolidation`). Each plotter returns ``{file stem: Figure}``.
+#: Study key -> plotter, each returning ``{file stem: Figure}`` (its accuracy figure). Every study also gets a
+#: ``<key>_length`` figure from :func:`plot_lengths`.
 PLOTTERS: dict[str, Callable[[str, Mapping[str, Any], PlotContext], dict[str, Figure]]] = {
     "S1": plot_comparison,
-    "S1b": plot_comparison_with_length,
+    "S1b": plot_comparison,
+    "S2": plot_difficulty,
     "S3": plot_self_teacher,
     "S4": plot_consolidation,
+    "S5": plot_consolidation,
+    "S5b": plot_single_teacher,
 }

@@ -1,0 +1,92 @@
+"""S2's data selection: estimate how often the base student and an external teacher solve each training prompt,
+then cut the prompts into subsets by those two solve rates.
+
+The paper forms 8 math subsets "from solve rates of a Qwen3-1.7B student and a Qwen3-4B thinking teacher" without
+stating its cut points (PAPER.md). Our rule, configurable in ``conf/study/s2.yaml``:
+
+1. Draw ``pool_size`` prompts of the domain's training pool (a fixed, seeded sample).
+2. Sample ``k`` completions of each prompt from each model at ``temperature``; solve rate = share rewarded 1.
+3. Rank the prompts by the student's rate and cut the ranking into ``student_bins`` groups of equal size; rank each
+   group by the teacher's rate and cut it into ``teacher_bins`` equal groups. Ties are broken by a hash of the
+   prompt, so the cut is deterministic. ``student_bins x teacher_bins`` subsets (2 x 4 = 8 by default), each named
+   ``s<i>t<j>`` (i, j = 0 for the lowest rates).
+
+Rank cuts instead of fixed rate edges because tiny models' rates bunch at a few values (k = 8 allows 9): fixed edges
+would leave subsets empty, equal-size cuts never do, and every subset trains on the same number of prompts.
+
+The sampling FLOPs are recorded in ``done.json`` but are data selection, not post-training: they are not charged to
+any run (the paper's curves count training FLOPs only).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from .domains import Domain, Task, build_domain
+from .models import autocast, load_model
+from .rollout import sample_and_score
+from .runio import write_json, write_yaml
+from .subsets import bin_by_rates
+from .tokenizer import load_tokenizer
+
+
+@torch.no_grad()
+def solve_rates(model, tokenizer, domain: Domain, tasks: Sequence[Task], *, k: int, temperature: float,
+                max_new_tokens: int, batch_size: int, seed: int) -> tuple[list[float], float]:
+    """Per task, the share of ``k`` sampled completions the verifier rewards; plus the sampling FLOPs."""
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    repeated = [t for t in tasks for _ in range(k)]
+    rewards, flops = [], 0.0
+    for start in range(0, len(repeated), batch_size):
+        chunk = sample_and_score(model, tokenizer, {domain.name: domain}, repeated[start : start + batch_size],
+                                 max_new_tokens=max_new_tokens, temperature=temperature, generator=generator)
+        rewards.append(chunk.rewards)
+        flops += chunk.rollouts.flops
+    per_task = torch.cat(rewards).view(len(tasks), k).mean(dim=1)
+    return [float(r) for r in per_task], flops
+
+
+def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
+    """The ``difficulty`` job: rates of both models on the sampled pool, the subsets, written to ``subsets.json``."""
+    started = time.time()
+    torch.set_num_threads(int(cfg["threads"]))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_yaml(out_dir / "config.yaml", dict(cfg))
+    rule, domain_name = cfg["rule"], cfg["domain"]
+    domain = build_domain(cfg["domains"][domain_name])
+    pool = domain.training_pool()
+    size = int(rule["pool_size"])
+    if size > len(pool):
+        raise ValueError(f"config key `studies.S2.pool_size` ({size}) exceeds the {domain_name} training pool ({len(pool)} prompts)")
+    tasks = random.Random(f"s2-pool-{cfg['seed']}").sample(pool, size)
+    tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
+    rates, flops = {}, {}
+    for role in ("student", "teacher"):
+        model = load_model(cfg[role]["path"], trainable=False)
+        with autocast(str(rule.get("precision", "fp32"))):
+            rates[role], flops[role] = solve_rates(
+                model, tokenizer, domain, tasks, k=int(rule["k"]), temperature=float(rule["temperature"]),
+                max_new_tokens=int(cfg["max_new_tokens"]), batch_size=int(rule["batch_size"]), seed=int(cfg["seed"]))
+    bins = bin_by_rates([t.prompt for t in tasks], rates["student"], rates["teacher"],
+                        int(rule["student_bins"]), int(rule["teacher_bins"]))
+    subsets = {}
+    for name, idx in bins.items():
+        s_rates, t_rates = [rates["student"][i] for i in idx], [rates["teacher"][i] for i in idx]
+        subsets[name] = {
+            "prompts": [tasks[i].prompt for i in idx],
+            "student_rate": sum(s_rates) / len(idx), "teacher_rate": sum(t_rates) / len(idx),
+            "student_range": [min(s_rates), max(s_rates)], "teacher_range": [min(t_rates), max(t_rates)],
+        }
+    write_json(out_dir / "subsets.json", {"domain": domain_name, "rule": rule, "subsets": subsets})
+    summary = {"domain": domain_name, "prompts": size, "selection_flops": flops, "counted": False,
+               "subsets": {n: {k: v for k, v in s.items() if k != "prompts"} | {"size": len(s["prompts"])}
+                           for n, s in subsets.items()},
+               "wall_s": round(time.time() - started, 1)}
+    write_json(out_dir / "done.json", summary)
+    return summary
