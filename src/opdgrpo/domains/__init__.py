@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .base import Domain, Task
+from .base import Domain, Task, heldout_overlap
 from .code import CodeDomain
 from .instructions import InstructionDomain
 from .knowledge import KnowledgeDomain
@@ -25,4 +25,4 @@ def build_domain(cfg: Mapping[str, Any]) -> Domain:
     return KINDS[kind](cfg)
 
 
-__all__ = ["Domain", "Task", "build_domain", "KINDS"]
+__all__ = ["Domain", "Task", "build_domain", "heldout_overlap", "KINDS"]

@@ -42,6 +42,23 @@ def stable_fraction(key: str, salt: str = "") -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
+def heldout_overlap(domain: str, pool: Sequence[Task], heldout: Mapping[str, Sequence[Task]]) -> str | None:
+    """None when every held-out set is disjoint from the training pool, else what overlaps (one example prompt).
+
+    The domains guarantee disjointness by construction (a hashed share of each instance space is reserved); this
+    is the check that the guarantee held, run before any compute, because an overlap would silently turn
+    held-out accuracy into training accuracy.
+    """
+    train_prompts = {t.prompt for t in pool}
+    for name, tasks in heldout.items():
+        shared = [t.prompt for t in tasks if t.prompt in train_prompts]
+        if shared:
+            return (f"domain {domain}: held-out set {name!r} shares {len(shared)} prompt(s) with the training pool "
+                    f"(e.g. {shared[0]!r}); held-out prompts must never be trained on: fix the domain's split "
+                    f"(`domains.{domain}.heldout_fraction`, its generator) so the sets are disjoint")
+    return None
+
+
 def check_style(style: str) -> None:
     if style not in ("brief", "thinking"):
         raise ValueError(f"demonstration style must be 'brief' or 'thinking', got {style!r}")
