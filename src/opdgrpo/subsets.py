@@ -51,7 +51,20 @@ def load_subset(path: Path, name: str) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no subsets file; run the S2 difficulty job first")
-    subsets = json.loads(path.read_text())["subsets"]
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not JSON ({err}); rerun the S2 difficulty job") from err
+    subsets = data.get("subsets") if isinstance(data, dict) else None
+    if not isinstance(subsets, dict):
+        raise ValueError(f"{path}: missing key 'subsets' (subset name -> prompts); rerun the S2 difficulty job")
     if name not in subsets:
         raise KeyError(f"{path}: no subset {name!r}; it has {sorted(subsets)}")
-    return subsets[name]
+    subset = subsets[name]
+    prompts = subset.get("prompts") if isinstance(subset, dict) else None
+    if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+        raise ValueError(f"{path}: subset {name!r} is missing key 'prompts' (a list of prompt strings); rerun the S2 difficulty job")
+    if not prompts:
+        raise ValueError(f"{path}: subset {name!r} has no prompts (an empty data set); rerun the S2 difficulty job with a larger "
+                         "`studies.S2.pool_size` or fewer bins")
+    return subset

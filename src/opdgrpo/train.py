@@ -106,6 +106,16 @@ def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    # Bad input fails here, before any compute and before the run directory is touched (a finished run stays
+    # intact); then one process at a time owns the run directory.
+    from .guards import check_run_inputs, run_dir_lock
+
+    check_run_inputs(cfg)
+    with run_dir_lock(Path(run_dir)):
+        return _train(cfg, Path(run_dir))
+
+
+def _train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     started = time.time()
     torch.set_num_threads(int(cfg["threads"]))
     method, shared = cfg["method"], cfg["train"]

@@ -1,0 +1,154 @@
+"""Checks a training job runs before any compute, and the lock that keeps one process per run directory.
+
+:func:`check_run_inputs` reads only the job's config and small files (tokenizer and model ``config.json`` of each
+checkpoint, the S2 subsets file): it loads no model and writes nothing, so a bad input fails in a second and leaves
+the run directory, finished or not, exactly as it was. :func:`run_dir_lock` then holds ``<run_dir>/.lock`` for
+the whole run: Snakemake never schedules two jobs on one output, and this makes the same true for runs started by
+hand (``opdgrpo train``) next to a workflow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from .domains import build_domain, heldout_overlap
+from .subsets import load_subset
+
+LOCK_FILE = ".lock"
+METHODS = ("grpo", "opd")
+MIXES = ("balanced", "instance")
+PRECISIONS = ("bf16", "fp32")
+
+
+class RunLocked(RuntimeError):
+    """Another process is training into the same run directory."""
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``<run_dir>/.lock`` (created, with ``run_dir``, if missing) or fail at once.
+
+    The lock belongs to the open file, so it is released when the holder exits or is killed (no stale locks);
+    the file keeps the holder's pid for the message.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise RunLocked(f"run directory {run_dir} is in use by another process (pid {holder}); two jobs must never "
+                            f"write one run directory: wait for it to finish or stop it, then rerun") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _tokenizer_vocab(directory: Path, role: str) -> dict[str, int]:
+    """Token -> id of the tokenizer saved in ``directory`` (base vocabulary plus added tokens), from its files."""
+    file = Path(directory) / "tokenizer.json"
+    if not file.is_file():
+        raise ValueError(f"{role}: no tokenizer.json in {directory}; rerun the job that writes it (its upstream job)")
+    data = json.loads(file.read_text())
+    vocab = dict(data.get("model", {}).get("vocab") or {})
+    for token in data.get("added_tokens", []):
+        vocab[token["content"]] = token["id"]
+    return vocab
+
+
+def _vocab_difference(a: dict[str, int], b: dict[str, int]) -> str | None:
+    """One concrete difference between two vocabularies, or None when they are the same mapping."""
+    if a == b:
+        return None
+    for token in sorted(set(a) | set(b)):
+        if a.get(token) != b.get(token):
+            return (f"token {token!r} has id {a.get(token, 'none')} in one and {b.get(token, 'none')} in the other "
+                    f"(sizes {len(a)} and {len(b)})")
+    return "they differ"  # unreachable: unequal dicts differ on some key
+
+
+def _model_vocab_size(checkpoint: Path, role: str) -> int:
+    file = Path(checkpoint) / "config.json"
+    if not file.is_file():
+        raise ValueError(f"{role}: no checkpoint at {checkpoint} (no config.json); run its upstream job first")
+    cfg = json.loads(file.read_text())
+    return int(cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size"))
+
+
+def check_tokenizers(cfg: dict[str, Any]) -> None:
+    """The run's tokenizer, the student's and every teacher's are the same vocabulary, and each model's
+    embedding covers it.
+
+    OPD compares teacher and student distributions token id by token id, so teachers built on another tokenizer
+    would be distilled silently wrong; equal sizes are not enough (two BPE runs of one size assign different
+    ids), so the token -> id mappings are compared.
+    """
+    run_tok = Path(cfg["tokenizer"])
+    run_vocab = _tokenizer_vocab(run_tok, "the run's tokenizer (`tokenizer`)")
+    checkpoints = {"student": Path(cfg["student"]["path"])}
+    for domain, teacher in (cfg.get("teachers") or {}).items():
+        checkpoints[f"teacher for {domain}"] = Path(teacher["path"])
+    student_vocab: dict[str, int] = {}
+    for role, path in checkpoints.items():
+        size = _model_vocab_size(path, role)
+        vocab = _tokenizer_vocab(path, role)
+        if role == "student":
+            student_vocab = vocab
+            if (diff := _vocab_difference(vocab, run_vocab)):
+                raise ValueError(f"student at {path} was built with another tokenizer than the run's ({run_tok}): {diff}; "
+                                 "every model of a run must share the run's tokenizer: rebuild it from the same tokenizer job")
+        elif (diff := _vocab_difference(vocab, student_vocab)):
+            raise ValueError(f"{role} at {path} and the student at {checkpoints['student']} have different tokenizers: {diff}; "
+                             "OPD needs teacher and student to share one tokenizer: rebuild the teacher from the run's tokenizer job")
+        if size < len(run_vocab):
+            raise ValueError(f"{role} at {path} has an embedding of {size} tokens, fewer than the tokenizer's {len(run_vocab)}; "
+                             "rebuild the model with this tokenizer")
+
+
+def check_run_inputs(cfg: dict[str, Any]) -> None:
+    """Everything a training job can check before it loads a model; raises ValueError naming the key or file."""
+    for key in ("run_id", "seed", "threads", "method", "train", "train_domains", "eval_domains", "domains", "tokenizer", "student"):
+        if key not in cfg:
+            raise ValueError(f"run config: missing key `{key}`; regenerate the job's config from the plan (`opdgrpo plan`)")
+    method, shared = cfg["method"], cfg["train"]
+    if method.get("name") not in METHODS:
+        raise ValueError(f"config key `method.name` must be one of {list(METHODS)}, got {method.get('name')!r}")
+    if shared.get("mix", "balanced") not in MIXES:
+        raise ValueError(f"config key `train.mix` must be one of {list(MIXES)}, got {shared.get('mix')!r}")
+    if shared.get("precision", "fp32") not in PRECISIONS:
+        raise ValueError(f"config key `train.precision` must be one of {list(PRECISIONS)}, got {shared.get('precision')!r}")
+    for key in ("train_domains", "eval_domains"):
+        unknown = [d for d in cfg[key] if d not in cfg["domains"]]
+        if unknown or not cfg[key]:
+            raise ValueError(f"config key `{key}` ({cfg[key]}) must be a non-empty list of domains in `domains` ({sorted(cfg['domains'])})")
+    for name in dict.fromkeys([*cfg["train_domains"], *cfg["eval_domains"]]):
+        domain = build_domain(cfg["domains"][name])
+        pool, heldout = domain.training_pool(), domain.heldout_sets()
+        if name in cfg["train_domains"] and not pool:
+            raise ValueError(f"domain {name}: the training pool is empty; check `domains.{name}.train`")
+        empty = [s for s, tasks in heldout.items() if not tasks]
+        if not heldout or empty:
+            raise ValueError(f"domain {name}: held-out set(s) {empty or '(none)'} are empty; check `domains.{name}.heldout`")
+        problem = heldout_overlap(name, pool, heldout)
+        if problem:
+            raise ValueError(problem)
+    if method["name"] == "opd":
+        missing = [d for d in cfg["train_domains"] if d not in (cfg.get("teachers") or {})]
+        if missing:
+            raise ValueError(f"OPD run {cfg['run_id']}: no teacher for domain(s) {missing}; `teachers` has {sorted(cfg.get('teachers') or {})}")
+    if cfg.get("train_subset"):
+        spec = cfg["train_subset"]
+        load_subset(Path(spec["file"]), spec["subset"])
+    check_tokenizers(cfg)
