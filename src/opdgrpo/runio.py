@@ -43,9 +43,21 @@ def write_yaml(path: Path, obj: Any) -> None:
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a") as handle:
-        handle.write(json.dumps(record) + "\n")
-        handle.flush()
+    """Append one line, all or nothing: a failed write (disk full) is cut back off, so the earlier lines stay and
+    the next append does not turn a partial line into a malformed middle line."""
+    data = (json.dumps(record) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(fd, data[written:])
+        except BaseException:
+            os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
