@@ -68,14 +68,14 @@ def _tokenizer_vocab(directory: Path, role: str) -> dict[str, int]:
     return vocab
 
 
-def _vocab_difference(a: dict[str, int], b: dict[str, int]) -> str | None:
+def _vocab_difference(a: dict[str, int], b: dict[str, int], names: tuple[str, str]) -> str | None:
     """One concrete difference between two vocabularies, or None when they are the same mapping."""
     if a == b:
         return None
     for token in sorted(set(a) | set(b)):
         if a.get(token) != b.get(token):
-            return (f"token {token!r} has id {a.get(token, 'none')} in one and {b.get(token, 'none')} in the other "
-                    f"(sizes {len(a)} and {len(b)})")
+            return (f"token {token!r} has id {a.get(token, 'none')} in the {names[0]}'s and {b.get(token, 'none')} in the "
+                    f"{names[1]}'s (vocabulary sizes {len(a)} and {len(b)})")
     return "they differ"  # unreachable: unequal dicts differ on some key
 
 
@@ -106,10 +106,10 @@ def check_tokenizers(cfg: dict[str, Any]) -> None:
         vocab = _tokenizer_vocab(path, role)
         if role == "student":
             student_vocab = vocab
-            if (diff := _vocab_difference(vocab, run_vocab)):
+            if (diff := _vocab_difference(vocab, run_vocab, ("student", "run"))):
                 raise ValueError(f"student at {path} was built with another tokenizer than the run's ({run_tok}): {diff}; "
                                  "every model of a run must share the run's tokenizer: rebuild it from the same tokenizer job")
-        elif (diff := _vocab_difference(vocab, student_vocab)):
+        elif (diff := _vocab_difference(vocab, student_vocab, ("teacher", "student"))):
             raise ValueError(f"{role} at {path} and the student at {checkpoints['student']} have different tokenizers: {diff}; "
                              "OPD needs teacher and student to share one tokenizer: rebuild the teacher from the run's tokenizer job")
         if size < len(run_vocab):
