@@ -169,3 +169,29 @@ def test_a_retrained_teacher_restarts_the_distillation(smoke_world, tmp_path, ca
     train(cfg, run_dir)
     assert "starting over" in caplog.text and "resuming" not in caplog.text
     assert [r["step"] for r in read_jsonl(run_dir / "ledger.jsonl")] == [0, 1]
+
+
+def test_difficulty_selection_then_training_on_one_subset(smoke_world, tmp_path):
+    """S2 end to end at smoke size: the selection job writes rate-ranked subsets; a run on one subset trains only on
+    its prompts, scores them as the `in_domain` set and keeps the subset's rates in done.json."""
+    from opdgrpo.difficulty import select
+
+    _, plan = smoke_world
+    selection = copy.deepcopy(plan.jobs["difficulty-math-teacher_m"].config)
+    summary = select(selection, tmp_path / "sel")
+    subsets = json.loads((tmp_path / "sel" / "subsets.json").read_text())["subsets"]
+    assert list(subsets) == ["s0t0", "s0t1"] and summary["counted"] is False
+    assert subsets["s0t0"]["teacher_rate"] <= subsets["s0t1"]["teacher_rate"]
+    assert sum(len(s["prompts"]) for s in subsets.values()) == selection["rule"]["pool_size"]
+
+    cfg = _config(plan, "grpo-student-math_s0t1-s0", tmp_path, steps=2)
+    cfg["train_subset"]["file"] = str(tmp_path / "sel" / "subsets.json")
+    done = train(cfg, tmp_path / "run")
+    assert done["train_subset"]["subset"] == "s0t1" and done["train_subset"]["size"] == len(subsets["s0t1"]["prompts"])
+    evals = read_jsonl(tmp_path / "run" / "evals.jsonl")
+    in_domain = [r for r in evals[-1]["results"] if r["eval_set"] == "in_domain"]
+    assert len(in_domain) == 1 and in_domain[0]["n_prompts"] == len(subsets["s0t1"]["prompts"])
+
+    cfg["train_subset"]["subset"] = "s7t7"
+    with pytest.raises(KeyError, match="s7t7"):
+        train(cfg, tmp_path / "run2")

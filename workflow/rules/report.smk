@@ -9,6 +9,7 @@ REPORT_OUTPUTS = [
     f"{REPORT_DIR}/savings.csv",
     f"{REPORT_DIR}/savings.md",
     f"{REPORT_DIR}/claims.md",
+    f"{REPORT_DIR}/base_models.md",
     *REPORT_FIGURES,
 ]
 
@@ -23,6 +24,7 @@ rule report:
         report(f"{REPORT_DIR}/savings.csv", category="Tables", caption="../report/savings.rst"),
         f"{REPORT_DIR}/savings.md",
         report(f"{REPORT_DIR}/claims.md", category="Tables", caption="../report/claims.rst"),
+        f"{REPORT_DIR}/base_models.md",
         *[report(f, category="Figures", caption="../report/figure.rst") for f in REPORT_FIGURES],
     params:
         spec=json.dumps(PLAN.report_spec, sort_keys=True),
@@ -33,3 +35,19 @@ rule report:
     shell:
         "mkdir -p {params.out} && printf '%s' {params.spec:q} > {params.out}/spec.json && "
         "{OPDGRPO} report --spec {params.out}/spec.json --runs {params.runs} --out {params.out} > {log} 2>&1"
+
+
+# `snakemake publish`: copy the report's figures (PNG) and tables into docs/results/<profile>/, the files the
+# README shows. Not part of `all`: docs/ changes only when asked.
+PUBLISH_DIR = f"docs/results/{CFG['profile']}"
+
+
+rule publish:
+    input:
+        REPORT_OUTPUTS,
+    output:
+        directory(PUBLISH_DIR),
+    params:
+        files=[f for f in REPORT_OUTPUTS if f.endswith((".png", ".md"))],
+    shell:
+        "rm -rf {output} && mkdir -p {output} && cp {params.files} {output}/"

@@ -338,6 +338,30 @@ def attach_subset_rates(spec: dict[str, Any], runs_dir: Path) -> None:
             sub.update({k: info[k] for k in ("student_rate", "teacher_rate", "size") if k in info})
 
 
+def base_models_markdown(spec: Mapping[str, Any], profile: str) -> str:
+    """base_models.md: each base model's size and greedy held-out accuracy per set, read from its ``done.json``
+    (pretraining is not post-training compute, so these are the starting points, not results of a study)."""
+    lines = [f"# Base models (profile `{profile}`)", "",
+             "Held-out accuracy of each base model after pretraining (the evaluation its `done.json` records). "
+             "Pretraining FLOPs are not counted as post-training compute.", ""]
+    table: list[tuple[str, int, dict[str, float]]] = []
+    for label, out_dir in (spec.get("base_models") or {}).items():
+        done = Path(out_dir) / "done.json"
+        if not done.is_file():
+            continue
+        d = json.loads(done.read_text(encoding="utf-8"))
+        accs = {f"{r['eval_domain']}/{r['eval_set']}": float(r["accuracy"]) for r in d.get("heldout", [])}
+        table.append((label, int(d.get("parameters", 0)), accs))
+    if not table:
+        return "\n".join(lines + ["No base model has finished.", ""])
+    sets = sorted({k for _, _, accs in table for k in accs})
+    lines += ["| model | parameters | " + " | ".join(sets) + " |", "|---|---|" + "---|" * len(sets)]
+    for label, params, accs in table:
+        cells = " | ".join(format_pct(accs[k]) if k in accs else "n/a" for k in sets)
+        lines.append(f"| {label} | {params / 1e6:.2f} M | {cells} |")
+    return "\n".join(lines + [""])
+
+
 def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, Any]:
     """Write every report file; return ``{"written": [paths], "notes": [str], "savings": [rows]}``.
 
@@ -363,6 +387,7 @@ def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, An
     written.append(_atomic(out_dir / "savings.csv", lambda tmp: table.to_csv(tmp, index=False)))
     written.append(write_text(out_dir / "savings.md", savings_markdown(rows, profile)))
     written.append(write_text(out_dir / "claims.md", claims))
+    written.append(write_text(out_dir / "base_models.md", base_models_markdown(spec, profile)))
     for stem, fig in figures.items():
         written.extend(save_figure(fig, out_dir, stem))
     return {"written": written, "notes": notes, "savings": rows}

@@ -1,0 +1,80 @@
+"""Claims of S2, S5b and the seed-interval verdict, on constructed curves (no training)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from opdgrpo.report.claims import _combine, eval_s2, eval_s5b
+from opdgrpo.report.curves import CURVE_COLUMNS, domain_accuracy
+from opdgrpo.runio import IN_DOMAIN_SET
+
+
+def rows(run: str, points: list[tuple[int, float, dict[tuple[str, str], float]]], method: str = "grpo") -> list[dict]:
+    out = []
+    for step, flops, accs in points:
+        for (domain, eval_set), acc in accs.items():
+            out.append({"run": run, "study": "S2", "method": method, "train_domains": "math", "seed": 0, "step": step,
+                        "cumulative_flops": flops, "eval_domain": domain, "eval_set": eval_set, "accuracy": acc,
+                        "mean_response_length": 5.0})
+    return out
+
+
+def subset_runs(name: str, grpo_in: list[float], opd_in: list[float], grpo_held: float, opd_held: float) -> list[dict]:
+    """Three evaluation points; held-out accuracy given at the last point (0.1 before)."""
+    def pts(in_dom, held):
+        return [(s, s * 1e9, {("math", "amc"): held if s == 20 else 0.1, ("math", IN_DOMAIN_SET): a})
+                for s, a in zip((0, 10, 20), in_dom)]
+    return rows(f"grpo-{name}", pts(grpo_in, grpo_held)) + rows(f"opd-{name}", pts(opd_in, opd_held), "opd")
+
+
+def s2_study(names_rates: list[tuple[str, float]], low: int) -> dict:
+    return {"domain": "math", "low_teacher_subsets": low,
+            "subsets": [{"name": n, "grpo": f"grpo-{n}", "opd": f"opd-{n}", "teacher_rate": r, "student_rate": 0.2}
+                        for n, r in names_rates]}
+
+
+def test_in_domain_set_is_not_held_out_accuracy():
+    df = pd.DataFrame(subset_runs("a", [0.1, 0.5, 0.9], [0.1, 0.2, 0.3], 0.4, 0.3), columns=CURVE_COLUMNS)
+    dom = domain_accuracy(df[df["run"] == "grpo-a"])
+    assert dom["accuracy"].tolist() == pytest.approx([0.1, 0.1, 0.4])  # the 0.9 in-domain score is left out
+
+
+def test_s2_holds_when_grpo_wins_in_domain_and_opd_wins_held_out_where_the_teacher_is_weak():
+    data = (subset_runs("hard", [0.1, 0.4, 0.6], [0.1, 0.5, 0.4], grpo_held=0.2, opd_held=0.3)   # teacher 10%
+            + subset_runs("easy", [0.3, 0.6, 0.8], [0.3, 0.7, 0.6], grpo_held=0.5, opd_held=0.4))  # teacher 90%
+    curves = pd.DataFrame(data, columns=CURVE_COLUMNS)
+    out = eval_s2(s2_study([("easy", 0.9), ("hard", 0.1)], low=1), curves, {})
+    assert out["S2-in"][1] == "holds" and out["S2-in"][2] == pytest.approx(0.1)  # min(0.6 - 0.5, 0.8 - 0.7)
+    assert out["S2-heldout"][1] == "holds"
+    assert "matched on 2/2" in out["S2-heldout"][0]
+
+
+def test_s2_fails_naming_the_subsets():
+    data = (subset_runs("hard", [0.1, 0.4, 0.5], [0.1, 0.6, 0.4], grpo_held=0.4, opd_held=0.3)
+            + subset_runs("easy", [0.3, 0.6, 0.8], [0.3, 0.7, 0.6], grpo_held=0.5, opd_held=0.4))
+    curves = pd.DataFrame(data, columns=CURVE_COLUMNS)
+    out = eval_s2(s2_study([("easy", 0.9), ("hard", 0.1)], low=1), curves, {})
+    assert out["S2-in"][1].startswith("does not hold") and "hard" in out["S2-in"][1]
+    assert out["S2-heldout"][1] == "does not hold: not matched on hard"
+
+
+def test_s5b_counts_collapsed_domains():
+    pts = [(0, 0.0, {("math", "amc"): 0.4, ("code", "lcb"): 0.8, ("ifeval", "ifeval"): 0.5}),
+           (10, 1e9, {("math", "amc"): 0.0, ("code", "lcb"): 0.3, ("ifeval", "ifeval"): 0.45})]
+    curves = pd.DataFrame(rows("opd-all", pts, "opd"), columns=CURVE_COLUMNS)
+    ours, verdict, margin, strict = eval_s5b({"opd": "opd-all", "domains": ["math", "code", "ifeval"]}, curves, {})["S5b"]
+    assert verdict == "holds" and "2/3 collapsed" in ours and margin == pytest.approx(2 / 3 - 0.5)
+
+
+def test_seed_interval_decides_holds_fails_and_inconclusive():
+    agree = [(s, f"m{s}", "holds", m, True) for s, m in ((0, 0.10), (1, 0.12), (2, 0.11))]
+    ours, verdict = _combine(agree)
+    assert verdict == "holds" and "95% interval" in ours
+    spread = [(0, "a", "holds", 0.3, True), (1, "b", "does not hold", -0.2, True), (2, "c", "holds", 0.05, True)]
+    assert _combine(spread)[1].startswith("inconclusive")
+    below = [(s, "x", "does not hold", m, True) for s, m in ((0, -0.3), (1, -0.25), (2, -0.31))]
+    assert _combine(below)[1] == "does not hold"
+    no_margin = [(0, "a", "holds"), (1, "b", "does not hold: never reached")]
+    assert _combine(no_margin)[1] == "inconclusive: holds for 1/2 seeds"
+    assert _combine([(0, "a", "holds", 0.1, True)]) == ("a", "holds")  # one seed: its own verdict
