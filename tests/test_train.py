@@ -112,7 +112,7 @@ def test_kill_and_resume_continues_the_ledger_exactly(smoke_world, tmp_path):
     assert [r["step"] for r in got] == list(range(10))
     for a, b in zip(got, want):
         assert a["cumulative_flops"] == b["cumulative_flops"]
-        assert a["reward"] == b["reward"] and a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=1e-9)
+        assert a["reward"] == b["reward"] and a["loss"] == b["loss"]   # CPU runs are deterministic: exact
     assert [e["step"] for e in read_jsonl(run_dir / "evals.jsonl")] == [0, 4, 8, 10]
     assert json.loads((run_dir / "done.json").read_text())["cumulative_flops"] == json.loads((reference / "done.json").read_text())["cumulative_flops"]
 

@@ -1,7 +1,10 @@
 """Checkpoints of a post-training run: the model in Hugging Face format plus the trainer's state.
 
-A checkpoint is written to ``checkpoint.tmp/`` and renamed into place, the previous one kept as
-``checkpoint.old/`` until the rename is done, so a kill at any moment leaves one complete checkpoint.
+A checkpoint is written to ``checkpoint.tmp/``, sealed with ``manifest.json`` (the sha256 and size of every other
+file, written last) and renamed to ``checkpoint/``; the previous checkpoint is kept as ``checkpoint.old/``. At every
+moment of a save at least one complete, sealed checkpoint exists, so a kill anywhere loses at most the steps since
+the last one. On resume :func:`resume_point` takes the newest checkpoint whose manifest matches its files and whose
+trainer state loads, warning about (and removing) a corrupt newer one; if none is valid the run starts over.
 The trainer state records the config hash: a run whose config changed starts over instead of resuming.
 """
 
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 import shutil
 from pathlib import Path
@@ -16,18 +20,78 @@ from typing import Any
 
 import torch
 
+from . import faults
+
 STATE_FILE = "trainer_state.pt"
+MANIFEST = "manifest.json"
+CANDIDATES = ("checkpoint", "checkpoint.old")
+
+log = logging.getLogger("opdgrpo.checkpoint")
+
+
+class CorruptCheckpoint(RuntimeError):
+    """A checkpoint directory that is incomplete, truncated or altered since it was written."""
 
 
 def config_hash(cfg: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, step: int, cumulative_flops: float, cfg_hash: str) -> None:
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _files(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file() and p.relative_to(path).as_posix() != MANIFEST)
+
+
+def write_manifest(path: Path) -> None:
+    """Seal a checkpoint directory: sha256 and size of every file in it, written last."""
+    files = {p.relative_to(path).as_posix(): {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in _files(path)}
+    (path / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, indent=1, sort_keys=True) + "\n")
+
+
+def verify_checkpoint(path: Path) -> bool:
+    """Raise :class:`CorruptCheckpoint`, naming the file, unless every file the manifest lists is there, unchanged.
+
+    Returns False for a checkpoint without a manifest but with a trainer state: one written before manifests existed
+    (the writer renames only sealed checkpoints into place, so no newer one lacks it); it cannot be verified.
+    """
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        if (path / STATE_FILE).is_file():
+            return False
+        raise CorruptCheckpoint(f"{manifest}: missing, and no {STATE_FILE} (incomplete checkpoint)")
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise CorruptCheckpoint(f"{manifest}: unreadable ({err})") from err
+    if STATE_FILE not in files:
+        raise CorruptCheckpoint(f"{manifest}: does not list {STATE_FILE}")
+    for name, want in sorted(files.items()):
+        file = path / name
+        if not file.is_file():
+            raise CorruptCheckpoint(f"{file}: missing")
+        size = file.stat().st_size
+        if size != want["bytes"]:
+            raise CorruptCheckpoint(f"{file}: {size} bytes, the manifest says {want['bytes']} (truncated or overwritten)")
+        if _sha256(file) != want["sha256"]:
+            raise CorruptCheckpoint(f"{file}: sha256 differs from the manifest (corrupted)")
+    return True
+
+
+def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, step: int, cumulative_flops: float, cfg_hash: str,
+                    **extra: Any) -> None:
+    """Write, seal and rename a checkpoint into place; ``extra`` goes into the trainer state as it is."""
     tmp, final, old = run_dir / "checkpoint.tmp", run_dir / "checkpoint", run_dir / "checkpoint.old"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    faults.kill_point("checkpoint_write", step)
     torch.save(
         {
             "step": step,
@@ -35,27 +99,68 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, step: int, cumul
             "config_hash": cfg_hash,
             "optimizer": optimizer.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            **extra,
         },
         tmp / STATE_FILE,
     )
-    shutil.rmtree(old, ignore_errors=True)
+    write_manifest(tmp)
+    # Rotate: `checkpoint` (complete) becomes `checkpoint.old`, replacing the one before. If there is no `checkpoint`
+    # (a fallback removed a corrupt one) the existing `checkpoint.old` stays: it is the only complete one.
     if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
         final.rename(old)
+    faults.kill_point("checkpoint_rename", step)
     tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def find_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint, including one left as ``checkpoint.old`` by a kill mid-rename."""
-    for name in ("checkpoint", "checkpoint.old"):
-        path = run_dir / name
-        if (path / STATE_FILE).is_file():
-            return path
-    return None
 
 
 def load_state(path: Path) -> dict[str, Any]:
-    return torch.load(path / STATE_FILE, weights_only=False)
+    """The trainer state of a checkpoint, after checking it against its manifest."""
+    if not verify_checkpoint(path):
+        log.warning("%s: no %s (written before checkpoints were checksummed); loading it unverified", path, MANIFEST)
+    try:
+        return torch.load(path / STATE_FILE, weights_only=False)
+    except Exception as err:  # a file that matches its manifest but does not unpickle: written corrupt
+        raise CorruptCheckpoint(f"{path / STATE_FILE}: cannot be loaded ({type(err).__name__}: {err})") from err
+
+
+def resume_point(run_dir: Path) -> tuple[Path | None, dict[str, Any] | None]:
+    """The newest valid checkpoint and its trainer state, or ``(None, None)``.
+
+    ``checkpoint/`` is tried first, then ``checkpoint.old/`` (the one before, or the only one left by a kill
+    mid-rotation). Each invalid one is reported with a warning naming the bad file; a corrupt ``checkpoint/`` is
+    removed when ``checkpoint.old/`` is used, so the next save keeps the valid one as ``checkpoint.old/``.
+    """
+    bad = []
+    for name in CANDIDATES:
+        path = run_dir / name
+        if not path.is_dir():
+            continue
+        try:
+            state = load_state(path)
+        except CorruptCheckpoint as err:
+            log.warning("%s: invalid checkpoint, not resumed from it: %s", path, err)
+            bad.append(path)
+            continue
+        for corrupt in bad:
+            log.warning("%s: removing the invalid checkpoint; resuming from %s (step %s)", corrupt, path, state.get("step"))
+            shutil.rmtree(corrupt, ignore_errors=True)
+        return path, state
+    if bad:
+        log.warning("%s: no valid checkpoint (%s); the run starts over", run_dir, ", ".join(p.name for p in bad))
+    return None, None
+
+
+def find_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint that matches its manifest (see :func:`resume_point`), without loading it."""
+    for name in CANDIDATES:
+        path = run_dir / name
+        if path.is_dir():
+            try:
+                verify_checkpoint(path)
+                return path
+            except CorruptCheckpoint as err:
+                log.warning("%s: invalid checkpoint: %s", path, err)
+    return None
 
 
 def restore_rng(state: dict[str, Any]) -> None:

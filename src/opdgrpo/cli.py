@@ -57,13 +57,16 @@ def cmd_pretrain(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .train import Interrupted, train
+    from .train import Interrupted, NonFinite, train
 
     try:
         summary = train(_job_config(args), args.out)
     except Interrupted as err:
         print(err, file=sys.stderr)
         return 130
+    except NonFinite as err:   # a NaN/inf step: the message names the run, step and component
+        print(f"error: {err}", file=sys.stderr)
+        return 3
     print(json.dumps({k: summary[k] for k in ("run", "steps", "cumulative_flops", "final_eval", "wall_s")}))
     return 0
 

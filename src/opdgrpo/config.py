@@ -149,6 +149,12 @@ def validate(cfg: dict[str, Any]) -> None:
     if require(cfg, "train", dict).get("precision", "fp32") not in ("bf16", "fp32"):
         raise ConfigError(f"config key `train.precision` must be 'bf16' or 'fp32', got {cfg['train']['precision']!r}")
     _positive(cfg, "train.eval.k", int)
+    nonfinite = cfg.get("train", {}).get("nonfinite", "stop")
+    if nonfinite not in ("stop", "skip"):
+        raise ConfigError(f"config key `train.nonfinite` must be 'stop' or 'skip', got {nonfinite!r}")
+    skips = cfg.get("train", {}).get("max_nonfinite_skips", 3)
+    if not isinstance(skips, int) or isinstance(skips, bool) or skips < 0:
+        raise ConfigError(f"config key `train.max_nonfinite_skips` must be an integer >= 0, got {skips!r}")
     for method in ("grpo", "opd"):
         _positive(cfg, f"methods.{method}.steps", int)
         _positive(cfg, f"methods.{method}.lr", (int, float))

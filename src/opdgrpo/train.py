@@ -6,6 +6,11 @@ ledger line with the FLOPs of every component. Held-out avg@k at step 0, every `
 at the end; a checkpoint every ``checkpoint_every`` steps. A rerun resumes from the newest checkpoint
 with the same config, dropping ledger and eval lines written after it, so no step is counted twice.
 Everything random is seeded by (seed, step), so a resumed run repeats exactly what it would have done.
+
+Rewards, student logits, teacher logits, the loss and the gradient norm are checked for NaN/inf as soon as they
+exist; ``train.nonfinite`` says whether a non-finite step stops the run (``stop``, the default; the step leaves no
+ledger line and no checkpoint) or is dropped without an optimiser step (``skip``, at most
+``train.max_nonfinite_skips`` steps in a row).
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from typing import Any
 
 import torch
 
+from . import faults
 from . import flops as F
-from .checkpoint import clear_run, config_hash, find_checkpoint, load_state, restore_rng, save_checkpoint
+from .checkpoint import clear_run, config_hash, restore_rng, resume_point, save_checkpoint
 from .subsets import load_subset
 from .domains import Task, build_domain
 from .evaluation import evaluate, heldout_for
@@ -35,6 +41,29 @@ log = logging.getLogger("opdgrpo.train")
 
 class Interrupted(RuntimeError):
     """SIGTERM/SIGINT arrived; the run checkpointed and stopped. A rerun resumes it."""
+
+
+class NonFinite(FloatingPointError):
+    """A step produced NaN or inf in ``component`` (rewards, student_logits, teacher_logits, loss, gradients)."""
+
+    def __init__(self, message: str, component: str):
+        super().__init__(message)
+        self.component = component
+
+
+#: Keys of ``train`` that only decide what happens after a non-finite step: a run stopped by one is the same run
+#: under either setting up to that step, so they stay out of the checkpoint's config hash (switching to ``skip``
+#: after a stop resumes the run instead of starting it over).
+NONFINITE_KEYS = ("nonfinite", "max_nonfinite_skips")
+
+
+def check_finite(x: torch.Tensor, component: str, where: str, label: str | None = None) -> None:
+    """Raise :class:`NonFinite` if ``x`` holds a NaN or an inf: one ``isfinite().all()`` pass over the tensor."""
+    if not bool(torch.isfinite(x).all()):
+        what = "NaN" if bool(torch.isnan(x).any()) else "inf"
+        text = label or component.replace("_", " ")
+        verb = "is" if x.dim() == 0 else "contain"
+        raise NonFinite(f"{where}: {text} {verb} {what}", component)
 
 
 def domain_counts(pools: dict[str, list[Task]], prompts_per_step: int, mix: str) -> dict[str, int]:
@@ -125,6 +154,11 @@ def _train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     per_prompt = int(method["group_size"] if kind == "grpo" else method["rollouts_per_prompt"])
     precision = str(shared.get("precision", "fp32"))
     autocast(precision)  # validate before any compute
+    nonfinite = str(shared.get("nonfinite", "stop"))
+    max_skips = int(shared.get("max_nonfinite_skips", 3))
+    if nonfinite not in ("stop", "skip") or max_skips < 0:
+        raise ValueError(f"config keys `train.nonfinite` must be 'stop' or 'skip' and `train.max_nonfinite_skips` >= 0, "
+                         f"got {nonfinite!r} and {max_skips}")
 
     # -- what this run works on ---------------------------------------------------------------
     tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
@@ -140,9 +174,10 @@ def _train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     # -- resume or start: a checkpoint counts only if this config and its upstream made it ----------
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger_path, evals_path = run_dir / "ledger.jsonl", run_dir / "evals.jsonl"
-    cfg_hash, start, cumulative = config_hash({"config": cfg, "upstream": upstream_fingerprint(cfg)}), 0, 0.0
-    ckpt = find_checkpoint(run_dir)
-    state = load_state(ckpt) if ckpt else None
+    hashed = {**cfg, "train": {k: v for k, v in shared.items() if k not in NONFINITE_KEYS}}
+    cfg_hash, start, cumulative = config_hash({"config": hashed, "upstream": upstream_fingerprint(cfg)}), 0, 0.0
+    streak = 0   # non-finite steps skipped in a row
+    ckpt, state = resume_point(run_dir)
     if state and state["config_hash"] != cfg_hash:
         log.warning("%s: config or upstream checkpoints changed since the last checkpoint; starting over", cfg["run_id"])
         state = None
@@ -167,6 +202,7 @@ def _train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         optimizer.load_state_dict(state["optimizer"])
         restore_rng(state)
         start, cumulative = int(state["step"]), float(state["cumulative_flops"])
+        streak = int(state.get("nonfinite_streak", 0))
         keep_records(ledger_path, lambda r: r["step"] < start)
         keep_records(evals_path, lambda r: r["step"] < start)
         log.info("resuming %s at step %d (%.3g training FLOPs so far)", cfg["run_id"], start, cumulative)
@@ -185,6 +221,7 @@ def _train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             results, eval_flops = evaluate(student, tokenizer, domains, heldout, k=int(ev["k"]), temperature=float(ev["temperature"]),
                                            max_new_tokens=int(shared["max_new_tokens"]), batch_size=int(ev["batch_size"]),
                                            seed=seed * 1_000_003 + step + 7)
+        faults.kill_point("eval", step)
         record = {"step": step, "cumulative_flops": cumulative, "eval_flops": eval_flops, "results": results}
         append_jsonl(evals_path, record)
         return record
@@ -199,80 +236,116 @@ def _train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             for group in optimizer.param_groups:
                 group["lr"] = lr * min(1.0, (step + 1) / warmup) if warmup else lr
 
-            # 1. rollouts: the student samples `per_prompt` completions of every prompt
-            prompts = batch_tasks(pools, counts, step, seed)
-            tasks = [t for t in prompts for _ in range(per_prompt)]
-            generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
-            student.eval()
-            with autocast(precision, student.device.type):
-                scored = sample_and_score(student, tokenizer, domains, tasks, max_new_tokens=int(shared["max_new_tokens"]),
-                                          temperature=float(shared["temperature"]), generator=generator)
-            student.train()
-            ro = scored.rollouts
-            seqs, attn = ro.sequences, ro.attention_mask
-            batch, length = seqs.shape
-            new = length - ro.prompt_len
-            targets, mask = seqs[:, ro.prompt_len:], ro.completion_mask
+            where = f"run {cfg['run_id']} step {step}"
+            # What was computed so far: a skipped step's FLOPs are counted too, up to where it stopped.
+            flops = {"rollout": 0.0, "train": 0.0, "old_policy": 0.0, "teacher": 0.0}
+            skipped = None
+            try:
+                # 1. rollouts: the student samples `per_prompt` completions of every prompt
+                prompts = batch_tasks(pools, counts, step, seed)
+                tasks = [t for t in prompts for _ in range(per_prompt)]
+                generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+                student.eval()
+                with autocast(precision, student.device.type):
+                    scored = sample_and_score(student, tokenizer, domains, tasks, max_new_tokens=int(shared["max_new_tokens"]),
+                                              temperature=float(shared["temperature"]), generator=generator)
+                student.train()
+                faults.kill_point("rollout", step)
+                ro = scored.rollouts
+                flops["rollout"] = ro.flops
+                if faults.poison("nan_reward", step):
+                    scored.rewards[0] = float("nan")
+                check_finite(scored.rewards, "rewards", where)
+                seqs, attn = ro.sequences, ro.attention_mask
+                batch, length = seqs.shape
+                new = length - ro.prompt_len
+                targets, mask = seqs[:, ro.prompt_len:], ro.completion_mask
 
-            # 2. the student's training forward over prompt + completion (logits for the completion only)
-            with autocast(precision, student.device.type):
-                logits = student(input_ids=seqs, attention_mask=attn, position_ids=_position_ids(attn),
-                                 logits_to_keep=new + 1).logits[:, :-1]
-            flops = {"rollout": ro.flops, "train": F.train_flops(student.config, batch, length, logits_positions=new + 1),
-                     "old_policy": 0.0, "teacher": 0.0}
+                # 2. the student's training forward over prompt + completion (logits for the completion only)
+                with autocast(precision, student.device.type):
+                    logits = student(input_ids=seqs, attention_mask=attn, position_ids=_position_ids(attn),
+                                     logits_to_keep=new + 1).logits[:, :-1]
+                flops["train"] = F.forward_flops(student.config, batch, length, logits_positions=new + 1)  # + backward below
+                if faults.poison("nan_logits", step):
+                    logits = logits + float("nan")
+                check_finite(logits, "student_logits", where)
 
-            # 3. the loss
-            if kind == "grpo":
-                advantages = group_advantages(scored.rewards, per_prompt, scale_by_std=bool(method["scale_by_std"]))
-                logprobs = token_logprobs(logits, targets)
-                # One optimiser step per batch: the sampling policy is the current one, so the old
-                # log-probabilities are these, detached (no extra forward, none counted).
-                loss, metrics = grpo_loss(logprobs, logprobs.detach(), advantages, mask, clip_eps=float(method["clip_eps"]),
-                                          clip_eps_high=method.get("clip_eps_high"), aggregation=method["aggregation"])
-            else:
-                teacher_logits = torch.empty_like(logits, dtype=torch.float32)
-                with torch.no_grad(), autocast(precision, student.device.type):
-                    for d, teacher in teachers.items():
-                        rows = torch.tensor([i for i, t in enumerate(tasks) if t.domain == d], dtype=torch.long)
-                        if len(rows) == 0:
-                            continue
-                        out = teacher(input_ids=seqs[rows], attention_mask=attn[rows], position_ids=_position_ids(attn[rows]),
-                                      logits_to_keep=new + 1).logits[:, :-1]
-                        teacher_logits[rows] = out[..., : logits.shape[-1]].float()
-                        flops["teacher"] += F.forward_flops(teacher.config, len(rows), length, logits_positions=new + 1)
-                loss, metrics = topk_reverse_kl(logits, teacher_logits, mask, k=int(method["top_k"]),
-                                                aggregation=method["aggregation"])
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"run {cfg['run_id']} step {step}: {kind} loss is {float(loss)}; "
-                                         f"the last good checkpoint is kept in {run_dir / 'checkpoint'}")
+                # 3. the loss
+                if kind == "grpo":
+                    advantages = group_advantages(scored.rewards, per_prompt, scale_by_std=bool(method["scale_by_std"]))
+                    logprobs = token_logprobs(logits, targets)
+                    # One optimiser step per batch: the sampling policy is the current one, so the old
+                    # log-probabilities are these, detached (no extra forward, none counted).
+                    loss, metrics = grpo_loss(logprobs, logprobs.detach(), advantages, mask, clip_eps=float(method["clip_eps"]),
+                                              clip_eps_high=method.get("clip_eps_high"), aggregation=method["aggregation"])
+                else:
+                    teacher_logits = torch.empty_like(logits, dtype=torch.float32)
+                    with torch.no_grad(), autocast(precision, student.device.type):
+                        for d, teacher in teachers.items():
+                            rows = torch.tensor([i for i, t in enumerate(tasks) if t.domain == d], dtype=torch.long)
+                            if len(rows) == 0:
+                                continue
+                            out = teacher(input_ids=seqs[rows], attention_mask=attn[rows], position_ids=_position_ids(attn[rows]),
+                                          logits_to_keep=new + 1).logits[:, :-1]
+                            flops["teacher"] += F.forward_flops(teacher.config, len(rows), length, logits_positions=new + 1)
+                            out = out[..., : logits.shape[-1]]
+                            if faults.poison("nan_teacher", step):
+                                out = out + float("nan")
+                            check_finite(out, "teacher_logits", where, label=f"teacher logits ({d} teacher)")
+                            teacher_logits[rows] = out.float()
+                    loss, metrics = topk_reverse_kl(logits, teacher_logits, mask, k=int(method["top_k"]),
+                                                    aggregation=method["aggregation"])
+                if faults.poison("nan_loss", step):
+                    loss = loss + float("nan")
+                check_finite(loss, "loss", where, label=f"{kind} loss")
 
-            # 4. the update
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), float(method["grad_clip"]))
-            optimizer.step()
+                # 4. the update (skipped, with its backward, if the gradients are not finite)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                flops["train"] = F.train_flops(student.config, batch, length, logits_positions=new + 1)
+                grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), float(method["grad_clip"]))
+                check_finite(grad_norm, "gradients", where, label="gradient norm")
+                optimizer.step()
+                faults.kill_point("update", step)
+                streak = 0
+            except NonFinite as err:
+                optimizer.zero_grad(set_to_none=True)
+                kept = f"the last good checkpoint is kept in {run_dir} and a rerun resumes from it"
+                if nonfinite == "stop":
+                    raise NonFinite(f"{err}; run stopped (train.nonfinite: stop), {kept}", err.component) from None
+                if streak >= max_skips:
+                    raise NonFinite(f"{err}; run stopped after {streak} non-finite steps skipped in a row "
+                                    f"(train.max_nonfinite_skips: {max_skips}), {kept}", err.component) from None
+                streak += 1
+                skipped = err.component
+                log.warning("%s; step skipped without an update (%d in a row, at most %d)", err, streak, max_skips)
 
             # 5. the ledger
             step_flops = sum(flops.values())
             cumulative += step_flops
-            append_jsonl(ledger_path, {
-                "step": step,
-                "tokens": {"prompt": int(attn[:, : ro.prompt_len].sum()),
-                           "completion": int(mask.sum()), "rollout_computed": int(ro.tokens_computed),
-                           "train": batch * length, "teacher": batch * length if kind == "opd" else 0},
-                "flops": flops, "step_flops": step_flops, "cumulative_flops": cumulative,
-                "reward": float(scored.rewards.mean()), "loss": loss.item(), "grad_norm": float(grad_norm),
-                "mean_response_length": sum(scored.response_lengths) / batch,
-                "metrics": metrics, "lr": optimizer.param_groups[0]["lr"], "wall_s": round(time.time() - t0, 3),
-            })
+            if skipped:
+                append_jsonl(ledger_path, {"step": step, "skipped": skipped, "flops": flops, "step_flops": step_flops,
+                                           "cumulative_flops": cumulative, "lr": optimizer.param_groups[0]["lr"],
+                                           "wall_s": round(time.time() - t0, 3)})
+            else:
+                append_jsonl(ledger_path, {
+                    "step": step,
+                    "tokens": {"prompt": int(attn[:, : ro.prompt_len].sum()),
+                               "completion": int(mask.sum()), "rollout_computed": int(ro.tokens_computed),
+                               "train": batch * length, "teacher": batch * length if kind == "opd" else 0},
+                    "flops": flops, "step_flops": step_flops, "cumulative_flops": cumulative,
+                    "reward": float(scored.rewards.mean()), "loss": loss.item(), "grad_norm": float(grad_norm),
+                    "mean_response_length": sum(scored.response_lengths) / batch,
+                    "metrics": metrics, "lr": optimizer.param_groups[0]["lr"], "wall_s": round(time.time() - t0, 3),
+                })
             done_steps = step + 1
             if done_steps % int(shared["checkpoint_every"]) == 0 or stop["signal"] is not None:
-                save_checkpoint(run_dir, student, tokenizer, optimizer, done_steps, cumulative, cfg_hash)
+                save_checkpoint(run_dir, student, tokenizer, optimizer, done_steps, cumulative, cfg_hash, nonfinite_streak=streak)
             if stop["signal"] is not None:
                 raise Interrupted(f"run {cfg['run_id']}: signal {stop['signal']} after step {step}; checkpoint saved, rerun to resume")
 
         final = run_eval(steps)
-        save_checkpoint(run_dir, student, tokenizer, optimizer, steps, cumulative, cfg_hash)
+        save_checkpoint(run_dir, student, tokenizer, optimizer, steps, cumulative, cfg_hash, nonfinite_streak=streak)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

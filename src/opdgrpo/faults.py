@@ -1,0 +1,38 @@
+"""Test-only fault injection: kill the process or poison a tensor at a named point of a training step.
+
+``OPDGRPO_FAULT`` holds comma-separated ``<point>:<step>`` items, e.g. ``OPDGRPO_FAULT=checkpoint_write:4`` or
+``OPDGRPO_FAULT=nan_loss:1,nan_loss:2``. Kill points (:func:`kill_point`) SIGKILL the process, as an OOM killer or a
+preempted node would: ``rollout``, ``update``, ``eval``, ``checkpoint_write``, ``checkpoint_rename``. Poison points
+(:func:`poison`) are asked by the trainer whether to put a NaN into a tensor: ``nan_loss``, ``nan_logits``,
+``nan_teacher``, ``nan_reward``. ``step`` is the training step (for checkpoints: the step the checkpoint records;
+for ``eval``: the step the eval is logged at).
+
+With the variable unset every call is one dictionary lookup; nothing else runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "OPDGRPO_FAULT"
+
+
+def armed(point: str, step: int) -> bool:
+    """Whether ``OPDGRPO_FAULT`` names ``point`` at ``step``."""
+    spec = os.environ.get(ENV)
+    if not spec:
+        return False
+    return f"{point}:{step}" in {item.strip() for item in spec.split(",")}
+
+
+def kill_point(point: str, step: int) -> None:
+    """SIGKILL this process if the fault is armed: no handler, no cleanup, no flush, exactly like ``kill -9``."""
+    if armed(point, step):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def poison(point: str, step: int) -> bool:
+    """Whether the caller should put a NaN into its tensor at this point (the caller does it, so the clean path
+    stays byte-for-byte what it was)."""
+    return armed(point, step)
