@@ -148,12 +148,9 @@ def _train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     started = time.time()
     torch.set_num_threads(int(cfg["threads"]))
     method, shared = cfg["method"], cfg["train"]
-    kind, steps, seed = method["name"], int(method["steps"]), int(cfg["seed"])
-    if kind not in ("grpo", "opd"):
-        raise ValueError(f"config key `method.name` must be 'grpo' or 'opd', got {kind!r}")
+    kind, steps, seed = method["name"], int(method["steps"]), int(cfg["seed"])  # validated by check_run_inputs
     per_prompt = int(method["group_size"] if kind == "grpo" else method["rollouts_per_prompt"])
     precision = str(shared.get("precision", "fp32"))
-    autocast(precision)  # validate before any compute
     nonfinite = str(shared.get("nonfinite", "stop"))
     max_skips = int(shared.get("max_nonfinite_skips", 3))
     if nonfinite not in ("stop", "skip") or max_skips < 0:
@@ -166,9 +163,6 @@ def _train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     pools = {d: domains[d].training_pool() for d in cfg["train_domains"]}
     heldout = heldout_for(domains, cfg["eval_domains"])
     subset_info = restrict_to_subset(pools, heldout, cfg["train_subset"]) if cfg.get("train_subset") else None
-    for d, pool in pools.items():
-        if not pool:
-            raise ValueError(f"domain {d}: the training pool is empty; check `domains.{d}.train`")
     counts = domain_counts(pools, int(shared["prompts_per_step"]), str(shared.get("mix", "balanced")))
 
     # -- resume or start: a checkpoint counts only if this config and its upstream made it ----------
@@ -186,16 +180,10 @@ def _train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     student = load_model(ckpt if state else cfg["student"]["path"])
     teachers: dict[str, torch.nn.Module] = {}
     if kind == "opd":
-        loaded: dict[str, torch.nn.Module] = {}
+        loaded: dict[str, torch.nn.Module] = {}  # one teacher per domain (check_run_inputs: same tokenizer as the student)
         for d in cfg["train_domains"]:
-            if d not in cfg["teachers"]:
-                raise ValueError(f"OPD run {cfg['run_id']}: no teacher for domain {d}; `teachers` has {sorted(cfg['teachers'])}")
             path = cfg["teachers"][d]["path"]
             teachers[d] = loaded.setdefault(path, load_model(path, trainable=False).eval())
-        for d, teacher in teachers.items():
-            if teacher.config.vocab_size < student.config.vocab_size:
-                raise ValueError(f"teacher for {d} has vocabulary {teacher.config.vocab_size} < student's {student.config.vocab_size}: "
-                                 "OPD needs teacher and student to share the tokenizer")
     optimizer = torch.optim.AdamW(student.parameters(), lr=float(method["lr"]), betas=tuple(method["betas"]),
                                   weight_decay=float(method["weight_decay"]))
     if state:

@@ -306,8 +306,10 @@ def draw_figures(
         if len(instances) > 1:  # lines are means over seeds with a 95% band
             study["title"] = f"{study.get('title', key)} (mean and 95% interval over {len(instances)} seeds)"
         try:
-            figures.update(plotter(key, study, ctx))
-            figures.update(plot_lengths(key, referenced_runs(instances[0]), ctx, study.get("title", key)))
+            drawn = plotter(key, study, ctx)
+            if f"{key}_length" not in drawn:
+                drawn.update(plot_lengths(key, referenced_runs(instances[0]), ctx, study.get("title", key)))
+            figures.update(drawn)
         except (KeyError, ValueError) as exc:
             raise ReportInputError(f"study {key}: cannot draw its figure: {exc}") from exc
     return figures

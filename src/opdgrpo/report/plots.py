@@ -259,23 +259,28 @@ def plot_self_teacher(key: str, study: Mapping[str, Any], ctx: PlotContext) -> d
 
 def plot_difficulty(key: str, study: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
     """S2: one panel per difficulty subset (ranked by the teacher's solve rate): GRPO and OPD on the subset's own
-    prompts (solid, in-domain) and on held-out math (dotted)."""
+    prompts (solid, in-domain) and on held-out math (dotted); and the same panels for response length."""
     domain = study["domain"]
-    panels = []
+    acc_panels, len_panels = [], []
     subsets = sorted(study.get("subsets", []), key=lambda sub: (float(sub.get("teacher_rate", 0.0)), sub["name"]))
     for sub in subsets:
         rates = ""
         if "teacher_rate" in sub:
             rates = f" (solve rate: student {100 * sub['student_rate']:.0f}%, teacher {100 * sub['teacher_rate']:.0f}%)"
-        panel = Panel(title=f"{sub['name']}{rates}", ylabel="accuracy (%)")
+        acc = Panel(title=f"{sub['name']}{rates}", ylabel="accuracy (%)")
+        length = Panel(title=f"{sub['name']}{rates}", ylabel="mean response length (tokens)")
         for method, run in (("GRPO", sub["grpo"]), ("OPD", sub["opd"])):
-            panel.lines.append(ctx.line(run, IN_DOMAIN_SET, f"{method}, in-domain", color_key=method))
-            panel.lines.append(ctx.line(run, domain, f"{method}, held-out {domain}", linestyle=":", marker="s",
-                                        color_key=method))
-        panels.append(panel)
+            acc.lines.append(ctx.line(run, IN_DOMAIN_SET, f"{method}, in-domain", color_key=method))
+            acc.lines.append(ctx.line(run, domain, f"{method}, held-out {domain}", linestyle=":", marker="s",
+                                      color_key=method))
+            length.lines.append(ctx.line(run, domain, f"{method}, held-out {domain}", "mean_response_length",
+                                         color_key=method))
+        acc_panels.append(acc)
+        len_panels.append(length)
     caption = (STEP0_CAPTION + " Panels are ordered by the teacher's solve rate on the subset, lowest first; "
                "in-domain = the subset's own training prompts.")
-    return {f"{key}_accuracy": render(panels, f"{key}: {study.get('title', key)}", caption)}
+    return {f"{key}_accuracy": render(acc_panels, f"{key}: {study.get('title', key)}", caption),
+            f"{key}_length": render(len_panels, f"{key}: mean response length - {study.get('title', key)}", caption)}
 
 
 def plot_consolidation(key: str, study: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
@@ -364,8 +369,8 @@ def _as_int(value: Any) -> float:
         return math.inf
 
 
-#: Study key -> plotter, each returning ``{file stem: Figure}`` (its accuracy figure). Every study also gets a
-#: ``<key>_length`` figure from :func:`plot_lengths`.
+#: Study key -> plotter, each returning ``{file stem: Figure}``: its ``<key>_accuracy`` figure, and its
+#: ``<key>_length`` figure where it draws one itself (else :func:`plot_lengths` does).
 PLOTTERS: dict[str, Callable[[str, Mapping[str, Any], PlotContext], dict[str, Figure]]] = {
     "S1": plot_comparison,
     "S1b": plot_comparison,
