@@ -98,7 +98,8 @@ class PlotContext:
         flops = np.mean([[f[list(st).index(c)] for c in common] for st, f, _ in per_seed], axis=0)
         ys = np.array([[y[list(st).index(c)] for c in common] for st, _, y in per_seed])
         stats = np.array([mean_interval(ys[:, j]) for j in range(len(common))])
-        return Series(flops, stats[:, 0], stats[:, 1], stats[:, 2])
+        top = 100.0 if value == "accuracy" else np.inf  # the interval is clipped to the values that can occur
+        return Series(flops, stats[:, 0], np.clip(stats[:, 1], 0.0, top), np.clip(stats[:, 2], 0.0, top))
 
     def line(self, run: str, domain: str | Sequence[str], label: str, value: str = "accuracy", **style: Any) -> Line:
         ser = self.series(run, domain, value)
