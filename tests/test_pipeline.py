@@ -53,19 +53,24 @@ def test_smoke_dag_writes_every_contracted_file(smoke_dag):
         assert [r["step"] for r in ledger] == list(range(job.config["method"]["steps"]))
         assert ledger[-1]["cumulative_flops"] == json.loads((run_dir / "done.json").read_text())["cumulative_flops"]
     report = root / "report"
-    for name in ("curves.csv", "savings.csv", "savings.md", "claims.md"):
+    for name in ("curves.csv", "savings.csv", "savings.md", "claims.md", "base_models.md", "constraints.md"):
         assert (report / name).stat().st_size > 0, name
     for study in plan.report_spec["studies"]:
-        for ext in ("png", "pdf"):
-            assert (report / f"{study}_accuracy.{ext}").stat().st_size > 1000
+        for kind in ("accuracy", "length"):
+            for ext in ("png", "pdf"):
+                assert (report / f"{study}_{kind}.{ext}").stat().st_size > 1000
+    assert "| student |" in (report / "base_models.md").read_text()
+    assert "| ifeval |" in (report / "constraints.md").read_text()  # per-constraint rates of the ifeval runs
+    assert set(pd.read_csv(report / "savings.csv")["study"]) == {"S4", "S5"}
     curves = pd.read_csv(report / "curves.csv")
     assert list(curves.columns) == CURVE_COLUMNS
     assert curves["accuracy"].between(0, 1).all()
     assert set(curves["run"]) == {j.id for j in plan.runs()}
     assert "math+code" in set(curves["train_domains"])
     claims = (report / "claims.md").read_text()
-    for claim in ("S1", "S1b", "S3", "S4"):
+    for claim in ("S1", "S1b", "S2-in", "S2-heldout", "S3", "S4", "S5-share", "S5-savings", "S5b"):
         assert f"**{claim}" in claims
+    assert "in_domain" in set(curves["eval_set"])  # S2's subset runs score their own prompts too
 
 
 @pytest.mark.slow
@@ -104,3 +109,12 @@ def test_a_grpo_hyperparameter_reruns_grpo_and_everything_downstream(smoke_dag):
     from_grpo = [j for j in runs if j.config["method"]["name"] == "opd"
                  and any(t["from"].startswith("run:") for t in j.config["teachers"].values())]
     assert jobs["opd"] == len(from_grpo) == 6
+
+
+@pytest.mark.slow
+def test_publish_copies_the_report_into_docs_results(smoke_dag):
+    done = snakemake(smoke_dag, "publish", "--config", "profile=smoke")
+    assert done.returncode == 0, done.stderr[-2000:]
+    published = smoke_dag / "docs" / "results" / "smoke"
+    assert {"claims.md", "savings.md", "base_models.md", "S5_accuracy.png"} <= {p.name for p in published.iterdir()}
+    assert not any(p.suffix in (".pdf", ".csv") for p in published.iterdir())  # the README shows PNGs and tables

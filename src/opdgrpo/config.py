@@ -238,11 +238,11 @@ def _validate_domains(cfg: dict[str, Any]) -> None:
 
 def _validate_s2(cfg: dict[str, Any]) -> None:
     """S2's selection rule must yield non-empty subsets and a sensible comparison."""
-    for key in ("pool_size", "k", "student_bins", "teacher_bins", "batch_size"):
+    for key in ("k", "student_bins", "teacher_bins", "batch_size"):
         _positive(cfg, f"studies.S2.{key}", int)
     s2 = cfg["studies"]["S2"]
     n = s2["student_bins"] * s2["teacher_bins"]
-    if s2["pool_size"] < n:
+    if require(cfg, "studies.S2.pool_size", (int, type(None))) is not None and s2["pool_size"] < n:
         raise ConfigError(f"config key `studies.S2.pool_size` ({s2['pool_size']}) must be at least student_bins x teacher_bins ({n})")
     low = require(cfg, "studies.S2.low_teacher_subsets", int)
     if not 0 <= low <= n:

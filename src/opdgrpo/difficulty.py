@@ -4,7 +4,7 @@ then cut the prompts into subsets by those two solve rates.
 The paper forms 8 math subsets "from solve rates of a Qwen3-1.7B student and a Qwen3-4B thinking teacher" without
 stating its cut points (PAPER.md). Our rule, configurable in ``conf/study/s2.yaml``:
 
-1. Draw ``pool_size`` prompts of the domain's training pool (a fixed, seeded sample).
+1. Draw ``pool_size`` prompts of the domain's training pool (a fixed, seeded sample; ``null``: every prompt).
 2. Sample ``k`` completions of each prompt from each model at ``temperature``; solve rate = share rewarded 1.
 3. Rank the prompts by the student's rate and cut the ranking into ``student_bins`` groups of equal size; rank each
    group by the teacher's rate and cut it into ``teacher_bins`` equal groups. Ties are broken by a hash of the
@@ -61,7 +61,7 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     rule, domain_name = cfg["rule"], cfg["domain"]
     domain = build_domain(cfg["domains"][domain_name])
     pool = domain.training_pool()
-    size = int(rule["pool_size"])
+    size = len(pool) if rule["pool_size"] is None else int(rule["pool_size"])
     if size > len(pool):
         raise ValueError(f"config key `studies.S2.pool_size` ({size}) exceeds the {domain_name} training pool ({len(pool)} prompts)")
     tasks = random.Random(f"s2-pool-{cfg['seed']}").sample(pool, size)

@@ -17,7 +17,8 @@ from .rollout import sample_and_score
 @torch.no_grad()
 def evaluate(model, tokenizer, domains: Mapping[str, Domain], heldout: Mapping[str, Mapping[str, list[Task]]], *,
              k: int, temperature: float, max_new_tokens: int, batch_size: int, seed: int) -> tuple[list[dict[str, Any]], float]:
-    """Per held-out set: accuracy (avg@k), mean response length in tokens; plus the FLOPs spent."""
+    """Per held-out set: accuracy (avg@k), mean response length in tokens (and, where the domain has constraint
+    kinds, the pass rate of each); plus the FLOPs spent."""
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(seed)
@@ -25,22 +26,27 @@ def evaluate(model, tokenizer, domains: Mapping[str, Domain], heldout: Mapping[s
     for domain, sets in heldout.items():
         for set_name, tasks in sets.items():
             repeated = [t for t in tasks for _ in range(k)]
-            rewards, lengths = [], []
+            rewards, lengths, texts = [], [], []
             for start in range(0, len(repeated), batch_size):
                 chunk = sample_and_score(model, tokenizer, domains, repeated[start : start + batch_size],
                                          max_new_tokens=max_new_tokens, temperature=temperature, generator=generator)
                 rewards.append(chunk.rewards)
                 lengths += chunk.response_lengths
+                texts += chunk.texts
                 flops += chunk.rollouts.flops
             rewards_all = torch.cat(rewards)
-            results.append({
+            result = {
                 "eval_domain": domain,
                 "eval_set": set_name,
                 "accuracy": float(rewards_all.mean()),
                 "mean_response_length": sum(lengths) / len(lengths),
                 "k": k,
                 "n_prompts": len(tasks),
-            })
+            }
+            per_constraint = getattr(domains[domain], "constraint_rates", None)
+            if per_constraint is not None:  # instruction following: IFEval's instruction-level pass rates too
+                result["constraint_rates"] = per_constraint(repeated, texts)
+            results.append(result)
     model.train(was_training)
     return results, flops
 

@@ -10,6 +10,7 @@ REPORT_OUTPUTS = [
     f"{REPORT_DIR}/savings.md",
     f"{REPORT_DIR}/claims.md",
     f"{REPORT_DIR}/base_models.md",
+    f"{REPORT_DIR}/constraints.md",
     *REPORT_FIGURES,
 ]
 
@@ -25,6 +26,7 @@ rule report:
         f"{REPORT_DIR}/savings.md",
         report(f"{REPORT_DIR}/claims.md", category="Tables", caption="../report/claims.rst"),
         f"{REPORT_DIR}/base_models.md",
+        f"{REPORT_DIR}/constraints.md",
         *[report(f, category="Figures", caption="../report/figure.rst") for f in REPORT_FIGURES],
     params:
         spec=json.dumps(PLAN.report_spec, sort_keys=True),

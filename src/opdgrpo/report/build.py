@@ -28,6 +28,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from opdgrpo.report.claims import EVALUATORS, claims_table
+from opdgrpo.report.constraints import constraints_markdown
 from opdgrpo.report.curves import (
     ReportInputError,
     format_flops,
@@ -390,6 +391,7 @@ def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, An
     written.append(write_text(out_dir / "savings.md", savings_markdown(rows, profile)))
     written.append(write_text(out_dir / "claims.md", claims))
     written.append(write_text(out_dir / "base_models.md", base_models_markdown(spec, profile)))
+    written.append(write_text(out_dir / "constraints.md", constraints_markdown(spec, runs_dir)))
     for stem, fig in figures.items():
         written.extend(save_figure(fig, out_dir, stem))
     return {"written": written, "notes": notes, "savings": rows}
