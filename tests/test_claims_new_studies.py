@@ -78,3 +78,23 @@ def test_seed_interval_decides_holds_fails_and_inconclusive():
     no_margin = [(0, "a", "holds"), (1, "b", "does not hold: never reached")]
     assert _combine(no_margin)[1] == "inconclusive: holds for 1/2 seeds"
     assert _combine([(0, "a", "holds", 0.1, True)]) == ("a", "holds")  # one seed: its own verdict
+
+
+def test_constraints_table_shows_first_and_last_rates_per_kind(tmp_path):
+    import json
+
+    from opdgrpo.report.constraints import constraints_markdown
+
+    def record(step, rates):
+        res = {"eval_domain": "ifeval", "eval_set": "ifeval", "accuracy": 0.5, "mean_response_length": 3.0}
+        return json.dumps({"step": step, "cumulative_flops": step * 1e9, "results": [dict(res, constraint_rates=rates) if rates else res]})
+
+    for run, lines in {"a": [record(0, {"upper": 0.5, "words": 0.25}), record(10, {"upper": 0.75, "words": 1.0})],
+                       "b": [record(0, None), record(10, {"upper": 1.0})]}.items():  # b: rates only at the end
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "evals.jsonl").write_text("\n".join(lines) + "\n")
+    spec = {"profile": "tiny", "runs": [{"run": "a", "label": "GRPO"}, {"run": "b"}, {"run": "missing"}]}
+    table = constraints_markdown(spec, tmp_path)
+    assert "| GRPO (a) | ifeval | 50 -> 75% | 25 -> 100% |" in table
+    assert "(b)" not in table  # no rates at its first evaluation: no row rather than a misleading one
+    assert "No run" in constraints_markdown({"runs": [{"run": "b"}]}, tmp_path)

@@ -12,9 +12,10 @@ from opdgrpo.report.curves import read_jsonl
 
 
 def _rates_by_step(evals: Path) -> dict[int, dict[str, dict[str, float]]]:
-    """step -> eval set -> constraint kind -> pass rate, for the sets that log constraint rates."""
+    """step -> eval set -> constraint kind -> pass rate, for every evaluation step (empty where none is logged)."""
     out: dict[int, dict[str, dict[str, float]]] = {}
     for _, record in read_jsonl(evals):
+        out.setdefault(int(record["step"]), {})
         for res in record.get("results", []):
             if isinstance(res, dict) and isinstance(res.get("constraint_rates"), dict):
                 out.setdefault(int(record["step"]), {})[str(res["eval_set"])] = res["constraint_rates"]
@@ -34,7 +35,7 @@ def constraints_markdown(spec: Mapping[str, Any], runs_dir: Path) -> str:
         by_step = _rates_by_step(evals)
         if not by_step:
             continue
-        first, last = by_step[min(by_step)], by_step[max(by_step)]
+        first, last = by_step[min(by_step)], by_step[max(by_step)]  # a set missing at either end gets no row
         for eval_set in sorted(set(first) & set(last)):
             rows.append((str(entry.get("label", entry["run"])) + f" ({entry['run']})", eval_set, first[eval_set], last[eval_set]))
     if not rows:
