@@ -7,6 +7,8 @@ rule tokenizer:
     params:
         cfg=lambda w: job_config("tokenizer"),
         out=f"{ROOT}/base/tokenizer",
+    resources:
+        **job_resources("base"),
     log:
         f"{LOGS}/tokenizer.log",
     shell:
@@ -24,6 +26,8 @@ rule pretrain:
         cfg=lambda w: job_config(f"base-{w.model}"),
         out=lambda w: PLAN.jobs[f"base-{w.model}"].out_dir,
     threads: THREADS
+    resources:
+        **job_resources("base"),
     log:
         f"{LOGS}/base-{{model}}.log",
     shell:

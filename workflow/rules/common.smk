@@ -34,3 +34,20 @@ THREADS = int(CFG["threads"])
 # The package's CLI, run by the interpreter that runs Snakemake (so it works without an activated venv);
 # `--config opdgrpo_cmd=...` replaces it, e.g. for a cluster with its own environment.
 OPDGRPO = config.get("opdgrpo_cmd", f"{shlex.quote(sys.executable)} -m opdgrpo.cli")
+
+
+def job_resources(kind):
+    """Cluster resources of one kind of job (conf `resources.<kind>`): runtime, mem_mb, cpus_per_task, gpu.
+    gpu 0 asks for none; gpu > 0 adds the site's GPU model when the config names one (`--config gpu_model=h100`)."""
+    res = dict(CFG.get("resources", {}).get(kind, {}))
+    if not res.get("gpu"):
+        res.pop("gpu", None)
+    elif config.get("gpu_model"):
+        res["gpu_model"] = config["gpu_model"]
+    return res
+
+
+# Jobs that only copy files run where Snakemake runs, never as cluster jobs.
+localrules:
+    all,
+    publish,

@@ -12,6 +12,8 @@ rule difficulty:
         cfg=lambda w: job_config(w.job),
         out=lambda w: PLAN.jobs[w.job].out_dir,
     threads: THREADS
+    resources:
+        **job_resources("difficulty"),
     log:
         f"{LOGS}/{{job}}.log",
     shell:

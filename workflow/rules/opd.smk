@@ -12,6 +12,8 @@ rule opd:
         cfg=lambda w: job_config(w.run),
         out=lambda w: PLAN.jobs[w.run].out_dir,
     threads: THREADS
+    resources:
+        **job_resources("train"),
     log:
         f"{LOGS}/{{run}}.log",
     shell:

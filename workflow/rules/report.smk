@@ -32,6 +32,8 @@ rule report:
         spec=json.dumps(PLAN.report_spec, sort_keys=True),
         out=REPORT_DIR,
         runs=f"{ROOT}/runs",
+    resources:
+        **job_resources("report"),
     log:
         f"{LOGS}/report.log",
     shell:

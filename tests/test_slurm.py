@@ -1,0 +1,255 @@
+"""The smoke DAG on a real one-node SLURM cluster (munge, slurmctld, slurmd on 127.0.0.1) through the SLURM
+profile (workflow/profiles/slurm, snakemake-executor-plugin-slurm), against a local run of the same DAG; then a
+training job stopped by `scancel --signal=TERM` (what the profile's `--signal=TERM@120` sends before a time limit
+or preemption) that checkpoints, exits 130 and resumes on the next `snakemake` run.
+
+Needs root and apt-get (Debian/Ubuntu) to install and start the daemons; skipped with the reason otherwise.
+Wall time: about 6.5 minutes on 2 busy cores (Debian 12, SLURM 22.05, plugin 2.8), most of it the smoke DAG
+computed twice (through SLURM and locally, side by side); the SIGTERM/resume cycle about 75 s."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile")]
+PACKAGES = ["munge", "slurmctld", "slurmd", "slurm-client"]
+SLURM_CONF = Path("/etc/slurm/slurm.conf")  # the plugin's job step drops SLURM_CONF (every SLURM_* variable)
+FIRST_POLL_S = 5                             # --slurm-init-seconds-before-status-checks
+PARTITION = "opdgrpo"
+RESUME_RUN = "grpo-student-math-s0"
+RESUME_STEPS = 40
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
+
+
+def _sh(*cmd: str, check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), capture_output=True, text=True, check=check, timeout=timeout, **kw)
+
+
+def _installed() -> bool:
+    return all(shutil.which(b) for b in ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel"))
+
+
+def _real_memory_mb() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return max(1024, int(line.split()[1]) // 1024 - 2048)   # below the machine's: slurmd refuses more
+    raise RuntimeError("no MemTotal in /proc/meminfo")
+
+
+def _slurm_conf(host: str, state: Path) -> str:
+    return "\n".join([
+        "ClusterName=opdgrpo-test",
+        f"SlurmctldHost={host}(127.0.0.1)",
+        "SlurmUser=root",
+        "AuthType=auth/munge",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory",
+        "SchedulerType=sched/backfill",
+        "AccountingStorageType=accounting_storage/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "JobCompType=jobcomp/none",
+        f"MinJobAge={max(300, 3 * FIRST_POLL_S)}",   # finished jobs stay visible to squeue polling
+        "ReturnToService=2",
+        "KillWait=60",
+        "SlurmctldPort=6817",
+        "SlurmdPort=6818",
+        f"StateSaveLocation={state}/ctld",
+        f"SlurmdSpoolDir={state}/d",
+        f"SlurmctldPidFile={state}/slurmctld.pid",
+        f"SlurmdPidFile={state}/slurmd.pid",
+        f"SlurmctldLogFile={state}/slurmctld.log",
+        f"SlurmdLogFile={state}/slurmd.log",
+        f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory={_real_memory_mb()} State=UNKNOWN",
+        f"PartitionName={PARTITION} Nodes={host} Default=YES MaxTime=INFINITE State=UP",
+        "",
+    ])
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """Install (once) and start munged, slurmctld and slurmd; stop exactly these daemons afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("SLURM integration test needs root to install and start munge/slurmctld/slurmd")
+    if not _installed():
+        if not shutil.which("apt-get"):
+            pytest.skip("SLURM integration test needs apt-get to install munge/slurmctld/slurmd/slurm-client")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        done = subprocess.run(["apt-get", "install", "-y", *PACKAGES], capture_output=True, text=True, env=env, timeout=600)
+        if done.returncode != 0:
+            done = subprocess.run(["sh", "-c", "apt-get update && apt-get install -y " + " ".join(PACKAGES)],
+                                  capture_output=True, text=True, env=env, timeout=900)
+        if done.returncode != 0 or not _installed():
+            pytest.skip(f"could not install SLURM with apt-get: {done.stderr[-1000:]}")
+    for daemon in ("munged", "slurmctld", "slurmd"):
+        if _sh("pgrep", "-x", daemon, check=False).returncode == 0:
+            pytest.skip(f"a {daemon} is already running on this machine; not touching someone else's cluster")
+    if SLURM_CONF.exists() and "opdgrpo-test" not in SLURM_CONF.read_text():
+        pytest.skip(f"{SLURM_CONF} exists and is not ours; not overwriting a real cluster's configuration")
+
+    state = tmp_path_factory.mktemp("slurm")
+    for sub in ("ctld", "d"):
+        (state / sub).mkdir()
+    host = socket.gethostname().split(".")[0]
+    wrote_conf = not SLURM_CONF.exists()
+    SLURM_CONF.parent.mkdir(parents=True, exist_ok=True)
+    SLURM_CONF.write_text(_slurm_conf(host, state))
+    run_munge = Path("/run/munge")
+    run_munge.mkdir(parents=True, exist_ok=True)
+    shutil.chown(run_munge, "munge", "munge")
+    if not Path("/etc/munge/munge.key").exists():
+        _sh("runuser", "-u", "munge", "--", "mungekey", "--create")
+
+    procs: dict[str, subprocess.Popen] = {}
+    logs: dict = {}
+    try:
+        logs = {name: open(state / f"{name}.out", "w") for name in ("munged", "slurmctld", "slurmd")}
+        procs["munged"] = subprocess.Popen(["munged", "-F"], user="munge", group="munge", extra_groups=[],
+                                           stdout=logs["munged"], stderr=subprocess.STDOUT)
+        time.sleep(1)
+        procs["slurmctld"] = subprocess.Popen(["slurmctld", "-D", "-i"], stdout=logs["slurmctld"], stderr=subprocess.STDOUT)
+        time.sleep(1)
+        procs["slurmd"] = subprocess.Popen(["slurmd", "-D", "-N", host], stdout=logs["slurmd"], stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            info = _sh("sinfo", "-h", "-o", "%T", check=False)
+            if info.returncode == 0 and info.stdout.strip().startswith("idle"):
+                break
+            for name, p in procs.items():
+                assert p.poll() is None, f"{name} exited {p.returncode}: {(state / f'{name}.out').read_text()[-2000:]}"
+            time.sleep(1)
+        else:
+            raise AssertionError(f"node never became idle: {_sh('sinfo', check=False).stdout}\n"
+                                 f"{(state / 'slurmd.log').read_text()[-2000:] if (state / 'slurmd.log').exists() else ''}")
+        yield {"host": host, "state": state}
+    finally:
+        _sh("scancel", "--partition", PARTITION, check=False)
+        for name in ("slurmd", "slurmctld", "munged"):   # exactly the daemons started here, by PID
+            p = procs.get(name)
+            if p and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(timeout=10)
+        for f in logs.values():
+            f.close()
+        if wrote_conf:
+            SLURM_CONF.unlink(missing_ok=True)
+        left = [name for name in ("munged", "slurmctld", "slurmd") if _sh("pgrep", "-x", name, check=False).returncode == 0]
+        assert not left, f"daemons still running after teardown: {left}"
+
+
+def slurm_snakemake(workdir: Path, *args: str, timeout_s: int = 600) -> list[str]:
+    """Snakemake through the SLURM profile, with the test cluster's site settings. Snakemake ignores SIGTERM while
+    jobs run but stops on SIGINT, hence `timeout -s INT`."""
+    return ["timeout", "-s", "INT", str(timeout_s), *SNAKEMAKE, "--directory", str(workdir),
+            "--workflow-profile", str(REPO / "workflow" / "profiles" / "slurm"),
+            "--default-resources", f"slurm_partition={PARTITION}", "slurm_extra='--signal=TERM@120'",
+            "--slurm-no-account",                                  # no slurmdbd here: no accounts to check
+            "--slurm-status-command", "squeue",                    # sacct hangs without slurmdbd
+            "--slurm-init-seconds-before-status-checks", str(FIRST_POLL_S),
+            "--latency-wait", "5", "--jobs", "4", *args]
+
+
+def _ledger(run_dir: Path) -> list[dict]:
+    path = run_dir / "ledger.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+@pytest.fixture(scope="module")
+def slurm_and_local_dags(slurm_cluster, tmp_path_factory):
+    """The smoke DAG through SLURM and locally (at the same time: the cluster's node is this machine)."""
+    slurm_dir, local_dir = tmp_path_factory.mktemp("slurm_dag"), tmp_path_factory.mktemp("local_dag")
+    t0 = time.time()
+    local = subprocess.Popen([*SNAKEMAKE, "--directory", str(local_dir), "--cores", "1", "--config", "profile=smoke"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(slurm_snakemake(slurm_dir, "--config", "profile=smoke"), capture_output=True, text=True, timeout=700)
+    local_out, _ = local.communicate(timeout=700)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert local.returncode == 0, local_out[-3000:]
+    print(f"smoke DAG through SLURM (and locally, side by side): {time.time() - t0:.0f} s")
+    return slurm_dir, local_dir, done.stdout + done.stderr
+
+
+def test_smoke_dag_through_slurm_matches_a_local_run(slurm_and_local_dags):
+    slurm_dir, local_dir, log = slurm_and_local_dags
+    assert "jobid" in log.lower(), log[-2000:]   # the jobs went through sbatch
+    slurm_curves = pd.read_csv(slurm_dir / "results" / "smoke" / "report" / "curves.csv")
+    local_curves = pd.read_csv(local_dir / "results" / "smoke" / "report" / "curves.csv")
+    assert list(slurm_curves.columns) == list(local_curves.columns)
+    assert len(slurm_curves) == len(local_curves)
+    keys = ["run", "study", "method", "train_domains", "seed", "step", "eval_domain", "eval_set"]   # a run shows in several studies
+    merged = slurm_curves.merge(local_curves, on=keys, how="outer", suffixes=("_slurm", "_local"), indicator=True)
+    assert (merged["_merge"] == "both").all(), merged[merged["_merge"] != "both"][keys]
+    values = [c for c in local_curves.columns if c not in keys]
+    a, b = merged[[f"{c}_slurm" for c in values]].to_numpy(), merged[[f"{c}_local" for c in values]].to_numpy()
+    differ = merged[((a != b) & ~(pd.isna(a) & pd.isna(b))).any(axis=1)]
+    code = differ[differ["eval_domain"] == "code"]
+    other = differ[differ["eval_domain"] != "code"]
+    assert other.empty, f"non-code curve rows differ between SLURM and local runs:\n{other[keys].to_string()}"
+    if not code.empty:  # code rewards run under wall-clock sandbox limits: a loaded machine can time a test out
+        warnings.warn(f"{len(code)} code curve rows differ between SLURM and local runs: {code[keys].to_string()}")
+
+
+def test_sigterm_checkpoints_and_a_rerun_resumes(slurm_and_local_dags):
+    """One training run, long enough to be running when `scancel --signal=TERM` arrives, through SLURM."""
+    workdir = slurm_and_local_dags[0]
+    run_dir = workdir / "results" / "smoke" / "runs" / RESUME_RUN
+    target = f"results/smoke/runs/{RESUME_RUN}/done.json"
+    args = (target, "--config", "profile=smoke", f"overrides=[methods.grpo.steps={RESUME_STEPS}]")
+    first = subprocess.Popen(slurm_snakemake(workdir, *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    jobid, deadline = None, time.time() + 180
+    while time.time() < deadline and first.poll() is None:
+        queue = _sh("squeue", "-h", "-t", "RUNNING", "-o", "%i", check=False).stdout.split()
+        if queue and len(_ledger(run_dir)) >= 6:   # running, past the 4 steps the smoke run left (the config changed)
+            jobid = queue[0]
+            break
+        time.sleep(0.5)
+    if not jobid:
+        first.send_signal(signal.SIGINT)
+        pytest.fail(f"the training job never got going: {first.communicate(timeout=120)[0][-3000:]}")
+    _sh("scancel", "--signal=TERM", jobid)
+    out, _ = first.communicate(timeout=300)
+    assert first.returncode != 0, out[-3000:]   # the job failed (exit 130): Snakemake reports it
+    assert not (run_dir / "done.json").exists()
+    log = (workdir / "results" / "smoke" / "logs" / f"{RESUME_RUN}.log").read_text()
+    assert "checkpoint saved, rerun to resume" in log, log[-2000:]
+    job = _sh("scontrol", "show", "job", jobid, check=False).stdout
+    assert "ExitCode=" in job and "ExitCode=0:0" not in job, job
+    stopped = _ledger(run_dir)
+    import torch
+    state = torch.load(run_dir / "checkpoint" / "trainer_state.pt", weights_only=False) \
+        if (run_dir / "checkpoint" / "trainer_state.pt").exists() else None
+    n_stop = len(stopped)
+    assert 6 <= n_stop < RESUME_STEPS, n_stop
+    assert [r["step"] for r in stopped] == list(range(n_stop))       # the ledger stops where the checkpoint is
+    if state is not None:
+        assert state["step"] == n_stop
+
+    again = subprocess.run(slurm_snakemake(workdir, *args), capture_output=True, text=True, timeout=700)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    resumed_log = (workdir / "results" / "smoke" / "logs" / f"{RESUME_RUN}.log").read_text()
+    assert f"resuming {RESUME_RUN} at step {n_stop}" in resumed_log, resumed_log[-2000:]
+    ledger = _ledger(run_dir)
+    assert [r["step"] for r in ledger] == list(range(RESUME_STEPS))    # every step exactly once
+    assert ledger[: n_stop] == stopped                                 # the steps before the stop are kept as they were
+    flops = [r["cumulative_flops"] for r in ledger]
+    assert all(a < b for a, b in zip(flops, flops[1:]))
+    assert json.loads((run_dir / "done.json").read_text())["cumulative_flops"] == flops[-1]
