@@ -84,6 +84,7 @@ def _slurm_conf(host: str, state: Path) -> str:
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """Install (once) and start munged, slurmctld and slurmd; stop exactly these daemons afterwards."""
+    pytest.importorskip("snakemake_executor_plugin_slurm", reason="the slurm extra is not installed: pip install -e '.[slurm]'")
     if os.geteuid() != 0:
         pytest.skip("SLURM integration test needs root to install and start munge/slurmctld/slurmd")
     if not _installed():
