@@ -2,41 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 
 import pytest
+from proc_markers import survivors_after
 
 import opdgrpo.execution as execution
 from opdgrpo.execution import CheckOutcome, ProgramCheck, check_programs
 from opdgrpo.sandbox import isolation
 
 TESTS = (((0,), 1), ((1,), 4), ((2,), 7), ((5,), 16))  # f(x) = 3x + 1
-
-
-def _gone(marker: str, within_s: float = 3.0) -> bool:
-    """True once no process has ``marker`` in its command line (zombies count as gone)."""
-    needle = marker.encode()
-    end = time.monotonic() + within_s
-    while True:
-        alive = False
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as fh:
-                    if needle not in fh.read():
-                        continue
-                with open(f"/proc/{name}/stat") as fh:
-                    alive = alive or fh.read().rpartition(")")[2].split()[0] != "Z"
-            except OSError:
-                continue
-        if not alive:
-            return True
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)
 
 
 def check(source: str, tests=TESTS, name: str = "f") -> ProgramCheck:
@@ -188,7 +164,7 @@ def test_background_process_is_cleaned_up_between_items():
     )
     out = check_programs([check(daemon), check("def f(x):\n    return x*3+1\n")], workers=1)
     assert [o.passed for o in out] == [4, 4]
-    assert _gone(marker)
+    assert survivors_after(marker) == []
 
 
 def test_empty_and_invalid_input():

@@ -9,38 +9,11 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from proc_markers import survivors_after
 
 from opdgrpo.sandbox import SandboxResult, isolation, run_python
 
 BOTH_MODES = pytest.mark.parametrize("namespaces", [True, False], ids=["ns", "no-ns"])
-
-
-def _gone(marker: str, within_s: float = 3.0) -> bool:
-    """True once no process has ``marker`` in its command line (zombies count as gone).
-
-    The sandboxed program sees its own /proc, so it cannot report the pid the caller sees: its
-    sleepers carry a marker in their argv instead, found here by scanning the caller's /proc.
-    """
-    needle = marker.encode()
-    end = time.monotonic() + within_s
-    while True:
-        alive = False
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as fh:
-                    if needle not in fh.read():
-                        continue
-                with open(f"/proc/{name}/stat") as fh:
-                    alive = alive or fh.read().rpartition(")")[2].split()[0] != "Z"
-            except OSError:
-                continue
-        if not alive:
-            return True
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)
 
 
 def test_ok_program_returns_stdout_and_stderr():
@@ -164,7 +137,7 @@ def test_double_forked_sleeper_does_not_survive(namespaces):
     marker = _marker()
     r = run_python(_DOUBLE_FORK.format(setsid="pass", marker=marker), timeout_s=5, namespaces=namespaces)
     assert r.status == "ok" and r.stdout == "started\n", r.stderr
-    assert _gone(marker)
+    assert survivors_after(marker) == []
 
 
 def test_sleeper_that_escapes_the_process_group_does_not_survive():
@@ -173,7 +146,7 @@ def test_sleeper_that_escapes_the_process_group_does_not_survive():
     marker = _marker()
     r = run_python(_DOUBLE_FORK.format(setsid="os.setsid()", marker=marker), timeout_s=5)
     assert r.status == "ok" and r.stdout == "started\n", r.stderr
-    assert _gone(marker)
+    assert survivors_after(marker) == []
 
 
 def test_sleeper_is_killed_at_timeout_too():
@@ -181,7 +154,7 @@ def test_sleeper_is_killed_at_timeout_too():
     src = _DOUBLE_FORK.format(setsid="pass", marker=marker) + "sys.stdout.flush()\ntime.sleep(60)\n"
     r = run_python(src, timeout_s=1)
     assert r.status == "timeout" and r.stdout == "started\n"
-    assert _gone(marker)
+    assert survivors_after(marker) == []
 
 
 def test_network_is_cut():

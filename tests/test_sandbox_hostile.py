@@ -18,6 +18,7 @@ import types
 import uuid
 
 import pytest
+from proc_markers import survivors_after
 
 import opdgrpo.sandbox as sandbox
 from opdgrpo.execution import ProgramCheck, check_programs
@@ -26,34 +27,6 @@ from opdgrpo.sandbox import isolation, run_python
 SECRET_TOKEN = "secret-hf-" + uuid.uuid4().hex
 SECRET_KEY = "-----BEGIN OPENSSH PRIVATE KEY----- secret-key-" + uuid.uuid4().hex
 SLACK_S = 3.0  # allowed on top of a run's timeout (start-up, kill, reap)
-
-
-def _survivors(marker: str) -> list[str]:
-    needle = marker.encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as fh:
-                if fh.read().rpartition(")")[2].split()[0] == "Z":
-                    continue
-            hit = False
-            for part in ("environ", "cmdline"):
-                with open(f"/proc/{name}/{part}", "rb") as fh:
-                    hit = hit or needle in fh.read()
-        except OSError:
-            continue
-        if hit:
-            found.append(name)
-    return found
-
-
-def _no_survivors(marker: str, grace_s: float = 2.0) -> list[str]:
-    end = time.monotonic() + grace_s
-    while (left := _survivors(marker)) and time.monotonic() < end:
-        time.sleep(0.05)
-    return left
 
 
 @pytest.fixture
@@ -90,7 +63,7 @@ def world(tmp_path, monkeypatch):
 
 
 def _check_aftermath(w, *, daemon_wait_s: float = 0.0) -> None:
-    assert _no_survivors(w.marker) == [], "a process of the run survived it"
+    assert survivors_after(w.marker, grace_s=2.0) == [], "a process of the run survived it"
     if daemon_wait_s:
         time.sleep(daemon_wait_s)
     assert sorted(os.listdir(w.home)) == [".ssh"] and os.listdir(os.path.join(w.home, ".ssh")) == ["id_rsa"]
