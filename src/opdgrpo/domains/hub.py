@@ -1,0 +1,128 @@
+"""Paper-scale domains: real data sets read through Hugging Face ``datasets``, scored by real verifiers.
+
+A data set is named in conf by a ``source`` block::
+
+    source: {path: HuggingFaceH4/aime_2024, name: null, split: train, revision: null, data_files: null}
+
+``path`` is a hub id or a local directory (or file) holding the same data, e.g. a parquet copy made on a machine
+with network access, or the fixtures under ``tests/fixtures/hub/``. ``datasets.load_dataset`` reads both through
+the same call, so the tests exercise the loader the paper profile uses.
+
+:class:`HubDomain` turns rows into :class:`~opdgrpo.domains.base.Task` s; each subclass says how a row becomes
+a prompt and an answer (``to_task``) and how a completion is scored (``score``). Hub domains have no pretraining
+stage: their models come from the hub, already trained.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Mapping, Sequence
+
+from .base import Task
+
+SOURCE_KEYS = ("path", "name", "split", "revision", "data_files")
+
+
+def load_rows(source: Mapping[str, Any], where: str):
+    """The rows of one data set (a ``datasets.Dataset``); ``where`` names the config key in errors."""
+    import datasets
+
+    if not isinstance(source, Mapping) or not source.get("path") or not source.get("split"):
+        raise ValueError(f"config key `{where}` must be a mapping with at least `path` (hub id or local directory) "
+                         f"and `split`, got {source!r}")
+    unknown = sorted(set(source) - set(SOURCE_KEYS))
+    if unknown:
+        raise ValueError(f"config key `{where}` has unknown keys {unknown}; known: {list(SOURCE_KEYS)}")
+    try:
+        return datasets.load_dataset(str(source["path"]), source.get("name"), split=str(source["split"]),
+                                     revision=source.get("revision"), data_files=source.get("data_files"))
+    except Exception as err:  # a missing local copy, no network, a wrong split: say which key to fix
+        raise ValueError(f"config key `{where}`: cannot load {source['path']!r} (split {source['split']!r}): "
+                         f"{type(err).__name__}: {err}. Without network access, point `{where}.path` at a local "
+                         f"copy of the data set (a directory of parquet files)") from err
+
+
+def require_columns(rows, columns: Sequence[str], where: str) -> None:
+    missing = [c for c in columns if c not in rows.column_names]
+    if missing:
+        raise ValueError(f"config key `{where}`: data set lacks column(s) {missing}; it has {rows.column_names}")
+
+
+class HubDomain:
+    """Prompts and answers from hub data sets. Config keys (see ``conf/domain/paper_*.yaml``):
+
+    - ``train: {source, size, seed}``: the RL training set; ``size`` keeps a seeded sample (null: all rows);
+    - ``heldout: {<set>: {source, size, k}}``: held-out benchmarks; ``k`` samples per prompt (avg@k, pass@k);
+    - ``prompt_template``: how a problem becomes the user message (``{problem}`` is replaced).
+
+    Duplicate prompts are dropped from the training set, and training prompts that appear in a held-out set are
+    removed (decontamination by exact prompt match) so held-out accuracy never measures training prompts.
+    """
+
+    name: str
+
+    def __init__(self, cfg: Mapping[str, Any]):
+        self.cfg = cfg
+        self.name = str(cfg["name"])
+        self.template = str(cfg.get("prompt_template") or "{problem}")
+
+    # -- subclasses ------------------------------------------------------------------------------
+    def to_task(self, row: Mapping[str, Any], where: str) -> Task | None:
+        """One row as a task (None to skip a row the verifier cannot use)."""
+        raise NotImplementedError
+
+    def required_columns(self, role: str) -> Sequence[str]:
+        """Columns a row of a ``train`` or ``heldout`` set must have."""
+        return ()
+
+    def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
+        raise NotImplementedError
+
+    # -- shared -----------------------------------------------------------------------------------
+    def prompt(self, problem: str) -> str:
+        return self.template.replace("{problem}", problem)
+
+    def _tasks(self, spec: Mapping[str, Any], where: str, role: str) -> list[Task]:
+        rows = load_rows(spec.get("source"), f"{where}.source")
+        require_columns(rows, self.required_columns(role), f"{where}.source")
+        tasks = [t for t in (self.to_task(row, where) for row in rows) if t is not None]
+        size = spec.get("size")
+        if size is not None and int(size) < len(tasks):
+            tasks = random.Random(f"{self.name}-{where}-{spec.get('seed', 0)}").sample(tasks, int(size))
+        return tasks
+
+    def heldout_sets(self) -> dict[str, list[Task]]:
+        if not hasattr(self, "_heldout"):
+            self._heldout = {name: self._tasks(spec, f"domains.{self.name}.heldout.{name}", "heldout")
+                             for name, spec in (self.cfg.get("heldout") or {}).items()}
+        return self._heldout
+
+    def training_pool(self) -> list[Task]:
+        if not hasattr(self, "_pool"):
+            where = f"domains.{self.name}.train"
+            tasks = self._tasks(self.cfg["train"], where, "train")
+            held = {t.prompt for tasks_ in self.heldout_sets().values() for t in tasks_}
+            seen: set[str] = set()
+            pool = []
+            for t in tasks:
+                if t.prompt in seen or t.prompt in held:
+                    continue
+                seen.add(t.prompt)
+                pool.append(t)
+            if not pool:
+                raise ValueError(f"config key `{where}`: no usable training rows after dropping duplicates and "
+                                 f"held-out prompts")
+            self._pool = pool
+        return self._pool
+
+    def eval_k(self, set_name: str) -> int | None:
+        """Samples per prompt for one held-out set (None: the run's ``train.eval.k``)."""
+        spec = (self.cfg.get("heldout") or {}).get(set_name) or {}
+        return int(spec["k"]) if spec.get("k") else None
+
+    def pretraining_task(self, rng) -> Task:
+        raise ValueError(f"domain {self.name}: hub domains have no pretraining stage (models come from the hub with "
+                         f"`source: hub`); only `kind`s of the tiny world build tokenizers and pretrain")
+
+    def demonstration(self, task: Task, style: str) -> str:
+        return self.pretraining_task(None)
