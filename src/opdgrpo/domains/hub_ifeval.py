@@ -7,10 +7,11 @@ bad row fails before any compute, naming the config key, the row's key and the a
 
 Training rows have allenai/RLVR-IFeval's schema: ``messages`` (one user turn), ``ground_truth`` (a JSON string:
 ``func_name`` and that function's arguments, the rest null), ``dataset``, ``constraint_type``, ``constraint``. Each
-row's constraint is mapped onto the IFEval checker that verifies the same instruction (:data:`RLVR_TO_IFEVAL`,
-22 of the 25 ``func_name`` s, including every one of IFEval's instruction kinds that RLVR-IFeval asks for), so
-training and evaluation reward the same rules. Rows we cannot verify that way are skipped and counted in
-:attr:`HubIFEvalDomain.skipped`:
+row's constraint is mapped onto the IFEval checker that verifies the same instruction (:data:`RLVR_TO_IFEVAL`:
+23 of open-instruct's 25 ``func_name`` s, reaching 23 of IFEval's 25 instruction ids; the data set lists 24
+constraint kinds and its ground truth has no ``language`` field, so presumably all but response language occur, 22
+of them mapped), so training and evaluation reward the same rules. Rows we cannot verify that way are skipped and counted, by ``func_name`` or
+reason, in :attr:`HubIFEvalDomain.skipped`:
 
 - ``verify_paragraph_count``: its prompt asks for paragraphs divided by ``* * *``, IFEval's checker counts ``***``;
 - ``validate_choice``: its prompt offers free options (``yes/no/maybe``, ``a), b), c), d)``), IFEval's checker
