@@ -256,10 +256,12 @@ def test_stdin_output_whitespace_decimals_and_exit(domain, lcb):
         (pair, "a, b = map(int, input().split())\nprint(a + b, end='')\nprint(0)\n"),  # glued: '70' (but '00' == 0)
         (pair, "import threading, sys\ndef main():\n    a, b = map(int, sys.stdin.readline().split())\n"
                "    print(a + b)\nthreading.stack_size(1 << 26)\nthreading.Thread(target=main).start()\n"),
+        (pair, "a, b = map(int, input().split())\nq = deque([a])\nq.append(b)\n"  # the prelude's names, no imports
+               "print(sum(copy.deepcopy(list(q))) + bisect.bisect_left([], 0) + floor(0.5))\n"),
     ]
     assert grade(domain, [t for t, _ in programs], [answer(p) for _, p in programs]) == [
         ("pass", 4, 4), ("pass", 4, 4), ("pass", 4, 4), ("pass", 3, 3), ("wrong", 1, 3), ("wrong", 1, 4),
-        ("pass", 4, 4)]
+        ("pass", 4, 4), ("pass", 4, 4)]
 
 
 def test_functional_outcomes(domain, lcb):
@@ -318,6 +320,23 @@ def test_check_completions_directly():
         check_completions(answers, completions[:1], cfg)
     with pytest.raises(ValueError, match="per_test_timeout_s"):
         VerifierConfig.from_mapping({"per_test_timeout_s": 0}, "domains.code.verifier")
+
+
+def test_stdio_runner_directly(monkeypatch):
+    import opdgrpo.stdio_execution as stdio
+    from opdgrpo.stdio_execution import StdioOutcome, StdioRun, run_stdio_programs
+
+    calls: list[int] = []
+    real = stdio.run_python
+    monkeypatch.setattr(stdio, "run_python", lambda *a, **k: calls.append(1) or real(*a, **k))
+    echo = StdioRun("import sys\nsys.stdout.write(sys.stdin.read()[::-1])\n", ("ab", "xyz"), (100, 100))
+    no_prelude = StdioRun("print(deque)\n", ("",), (100,))
+    out = run_stdio_programs([echo, echo, no_prelude, StdioRun("print(1)", (), ())], per_test_timeout_s=1.0)
+    assert out == [StdioOutcome("ok", ("ba", "zyx")), StdioOutcome("ok", ("ba", "zyx")),
+                   StdioOutcome("runtime", ()), StdioOutcome("ok", ())]
+    assert len(calls) == 2  # the repeat ran once; a program without tests not at all
+    with pytest.raises(ValueError):
+        run_stdio_programs([StdioRun("", ("a",), ())])
 
 
 def test_expected_outputs_never_enter_the_sandbox(domain, lcb, monkeypatch):

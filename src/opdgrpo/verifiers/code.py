@@ -52,12 +52,12 @@ __all__ = [
 
 MODES = ("stdin", "functional")
 
-# The imports every solution gets for free (LiveCodeBench's grader prepends the same set of modules and
-# star-imports; the order matters: `builtins` comes after the modules whose names would shadow built-ins,
-# such as math.pow or io.open). Star-imported `stdin`/`stdout` are rebound to the test's streams.
+# The imports every solution gets for free (LiveCodeBench's grader prepends the same modules and star-imports).
+# Order matters: `builtins` comes after the modules whose names would shadow built-ins (math.pow, io.open,
+# operator.abs), and the plain module imports come last, so `random`, `bisect`, `copy` and `datetime` name the
+# modules, not the same-named functions and classes. Star-imported `stdin`/`stdout` are rebound to each test's
+# streams by the harness.
 PRELUDE = """\
-import bisect, collections, copy, datetime, functools, heapq, io, itertools, json, math, operator, random, re
-import statistics, string, sys
 from string import *
 from re import *
 from datetime import *
@@ -76,7 +76,8 @@ from sys import *
 from json import *
 from builtins import *
 from typing import *
-import datetime
+import bisect, collections, copy, datetime, functools, heapq, io, itertools, json, math, operator, random, re
+import statistics, string, sys
 sys.setrecursionlimit(50000)
 """
 
