@@ -310,6 +310,18 @@ def test_batch_scoring_of_many_completions(domain, lcb):
     assert time.monotonic() - start < 30
 
 
+def test_extra_metrics_reuse_the_scores(domain, lcb, monkeypatch):
+    import opdgrpo.domains.hub_code as hub_code
+
+    tasks = [lcb["abc901_a"], lcb["abc902_b"], lcb["3902"], lcb["3902"]]
+    completions = [answer(SOLUTIONS["abc901_a"]), "no code at all", answer(SOLUTIONS["3902"]), answer("print(\n")]
+    assert domain.score(tasks, completions) == [1.0, 0.0, 1.0, 0.0]
+    monkeypatch.setattr(hub_code, "check_completions", lambda *a, **k: pytest.fail("graded twice"))
+    assert domain.extra_metrics(tasks, completions) == {
+        "accuracy_easy": 2 / 3, "accuracy_medium": 0.0,
+        "status_no_code": 0.25, "status_pass": 0.5, "status_syntax": 0.25}
+
+
 def test_check_completions_directly():
     answers = [{"mode": "stdin", "func_name": None, "tests": [{"input": "2\n", "output": "4\n"}]},
                {"mode": "functional", "func_name": "f", "tests": [{"input": "2", "output": "4"}]}]
@@ -339,7 +351,7 @@ def test_stdio_runner_directly(monkeypatch):
         run_stdio_programs([StdioRun("", ("a",), ())])
 
 
-def test_expected_outputs_never_enter_the_sandbox(domain, lcb, monkeypatch):
+def test_expected_outputs_never_enter_the_sandbox(lcb, monkeypatch):
     import opdgrpo.stdio_execution as stdio
 
     seen: list[str] = []
@@ -350,7 +362,8 @@ def test_expected_outputs_never_enter_the_sandbox(domain, lcb, monkeypatch):
         return real(source, stdin=stdin, **kwargs)
 
     monkeypatch.setattr(stdio, "run_python", spy)
-    assert grade(domain, [lcb["abc901_a"]], [answer(SOLUTIONS["abc901_a"])]) == [("pass", 4, 4)]
+    fresh = HubCodeDomain(config())  # nothing remembered from earlier tests
+    assert grade(fresh, [lcb["abc901_a"]], [answer(SOLUTIONS["abc901_a"])]) == [("pass", 4, 4)]
     assert len(seen) == 1 and "1000000000 1000000000" in seen[0] and "2000000000" not in seen[0]
 
 

@@ -26,16 +26,23 @@ Config keys on top of :class:`~opdgrpo.domains.hub.HubDomain`'s (see ``conf/doma
 * per set (``train`` or ``heldout.<set>``): ``contest_date: {start, end}`` keeps LiveCodeBench rows with
   ``start <= contest_date < end`` (ISO dates; either may be null), e.g. the v6 window out of ``release_v6``;
   ``max_tests`` caps tests per problem (default: ``verifier.max_tests`` for ``train``, all for held-out sets).
+
+Reward: 1.0 when the program passes every test (:mod:`opdgrpo.verifiers.code`). :meth:`HubCodeDomain.extra_metrics`
+adds accuracy per LiveCodeBench difficulty and the share of each outcome (no code block, timeout, ...) to the
+evaluation log, reusing the results :meth:`HubCodeDomain.score` just computed.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
+from collections import OrderedDict
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
 from ..verifiers.code import (
+    CodeResult,
     VerifierConfig,
     check_completions,
     decode_test_cases,
@@ -51,6 +58,7 @@ LCB_COLUMNS = ("question_title", "question_content", "platform", "question_id", 
                "starter_code", "difficulty", "public_test_cases", "private_test_cases", "metadata")  # fmt: skip
 DEEPCODER_COLUMNS = ("problem", "tests")
 TRAIN_KEYS = ("source", "size", "seed", "contest_date", "max_tests")
+_RECENT = 8192  # completions whose results check() remembers
 HELDOUT_KEYS = ("source", "size", "seed", "k", "contest_date", "max_tests")
 
 STDIN_INSTRUCTION = (
@@ -106,6 +114,8 @@ class HubCodeDomain(HubDomain):
 
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__(cfg)
+        self._recent: OrderedDict[tuple[str, str], CodeResult] = OrderedDict()
+        self._lock = threading.Lock()
         self.verifier = VerifierConfig.from_mapping(cfg.get("verifier"), f"domains.{self.name}.verifier")
         self._check_spec(cfg.get("train"), f"domains.{self.name}.train", TRAIN_KEYS)
         for set_name, spec in (cfg.get("heldout") or {}).items():
@@ -210,12 +220,42 @@ class HubCodeDomain(HubDomain):
         return Task(self.name, prompt, answer, {"source": "deepcoder"})
 
     # -- scoring ------------------------------------------------------------------------------------
-    def check(self, tasks: Sequence[Task], completions: Sequence[str]):
-        """Per-completion :class:`~opdgrpo.verifiers.code.CodeResult` s (status, tests passed)."""
-        return check_completions([t.answer for t in tasks], completions, self.verifier)
+    def check(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[CodeResult]:
+        """Per-completion :class:`~opdgrpo.verifiers.code.CodeResult` s (status, tests passed). The last
+        results are remembered, so :meth:`extra_metrics` right after :meth:`score` runs nothing again."""
+        keys = [(t.prompt, c) for t, c in zip(tasks, completions)]
+        with self._lock:
+            cached = {k: self._recent[k] for k in keys if k in self._recent}
+        todo = [i for i, k in enumerate(keys) if k not in cached]
+        fresh = check_completions([tasks[i].answer for i in todo], [completions[i] for i in todo],
+                                  self.verifier) if todo else []  # fmt: skip
+        with self._lock:
+            for i, result in zip(todo, fresh):
+                self._recent[keys[i]] = cached[keys[i]] = result
+                self._recent.move_to_end(keys[i])
+            while len(self._recent) > _RECENT:
+                self._recent.popitem(last=False)
+        return [cached[k] for k in keys]
 
     def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
         return [r.reward for r in self.check(tasks, completions)]
+
+    def extra_metrics(self, tasks: Sequence[Task], completions: Sequence[str]) -> dict[str, float]:
+        """Accuracy per LiveCodeBench difficulty (``accuracy_easy`` ...; rows that carry one) and the share of
+        completions per outcome (``status_pass``, ``status_no_code``, ``status_timeout``, ...): a cut-off or
+        unformatted answer (``no_code``) and a wrong program read the same in the accuracy."""
+        results = self.check(tasks, completions)
+        metrics: dict[str, float] = {}
+        by_level: dict[str, list[float]] = {}
+        for task, result in zip(tasks, results):
+            level = task.meta.get("difficulty")
+            if level:
+                by_level.setdefault(str(level), []).append(result.reward)
+        for level, rewards in sorted(by_level.items()):
+            metrics[f"accuracy_{level}"] = sum(rewards) / len(rewards)
+        for status in sorted({r.status for r in results}):
+            metrics[f"status_{status}"] = sum(r.status == status for r in results) / len(results)
+        return metrics
 
 
 def _single_mode(tests: Sequence[Mapping[str, Any]], key: str, at: str) -> str:
