@@ -35,7 +35,6 @@ evaluation log, reusing the results :meth:`HubCodeDomain.score` just computed.
 from __future__ import annotations
 
 import json
-import logging
 import threading
 from collections import OrderedDict
 from datetime import datetime
@@ -52,14 +51,12 @@ from ..verifiers.code import (
 from .base import Task
 from .hub import HubDomain
 
-log = logging.getLogger(__name__)
-
 LCB_COLUMNS = ("question_title", "question_content", "platform", "question_id", "contest_id", "contest_date",
                "starter_code", "difficulty", "public_test_cases", "private_test_cases", "metadata")  # fmt: skip
 DEEPCODER_COLUMNS = ("problem", "tests")
 TRAIN_KEYS = ("source", "size", "seed", "contest_date", "max_tests")
-_RECENT = 8192  # completions whose results check() remembers
 HELDOUT_KEYS = ("source", "size", "seed", "k", "contest_date", "max_tests")
+_RECENT = 8192  # completions whose results check() remembers
 
 STDIN_INSTRUCTION = (
     "Write a complete Python 3 program that reads the input from standard input and prints the answer to "
