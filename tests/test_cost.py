@@ -167,6 +167,9 @@ def test_prediction_matches_a_real_ledger(smoke_world, tmp_path, run_id):
     est = cost.estimate_run({**cfg, "cost_model": block}, dataclasses.replace(job, config=rc), plan.jobs)
     measured = summary["cumulative_flops"]
     ledger = summary["flops_by_component"]
+    seen = cost.read_measured(run_dir)              # what `flops estimate --measured` reads
+    assert seen["steps"] == 4 and seen["total"] == pytest.approx(measured) 
+    assert seen["flops"] == pytest.approx({k: ledger[k] for k in cost.COMPONENTS}) and ledger["old_policy"] == 0
     assert est.total == pytest.approx(measured, rel=0.02)
     assert est.flops["rollout"] == pytest.approx(ledger["rollout"], rel=0.05)
     for component in ("train", "teacher"):

@@ -369,19 +369,22 @@ def _seed_entries(spec: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]
     return [("", spec)]
 
 
-def study_totals(report_spec: Mapping[str, Any], estimates: Sequence[RunEstimate]) -> list[StudyRow]:
+def study_totals(report_spec: Mapping[str, Any], estimates: Sequence[RunEstimate],
+                 costs: Mapping[str, float] | None = None) -> list[StudyRow]:
     """The studies' FLOP figures, as the paper quotes them (see PAPER.md), from the plan's report spec.
 
     S1/S1b: each run and OPD's multiple of GRPO (S1b's teacher GRPO listed, not counted); S2: totals over the
     subsets; S3: the distillation runs without their self-teacher, and the teacher's GRPO against them; S4/S5: the
     experts' total, the distillation, its share of the experts, joint GRPO, the pipeline (experts + distillation) and
-    the savings 1 - pipeline / joint of the full runs; S5b: the run.
+    the savings 1 - pipeline / joint of the full runs; S5b: the run. ``costs`` (run -> FLOPs) replaces the
+    predictions, e.g. with the ledgers' totals; a figure with a run missing from it is NaN.
     """
-    cost = {e.run: e.total for e in estimates}
+    known = {e.run: e.total for e in estimates} if costs is None else costs
+    cost = lambda run: float(known.get(run, float("nan")))  # noqa: E731
     rows: list[StudyRow] = []
 
     def add(study, quantity, runs, unit="flops", value=None):
-        rows.append(StudyRow(study, quantity, sum(cost[r] for r in runs) if value is None else value, unit, list(runs)))
+        rows.append(StudyRow(study, quantity, sum(cost(r) for r in runs) if value is None else value, unit, list(runs)))
 
     for study, spec in report_spec.get("studies", {}).items():
         for tag, s in _seed_entries(spec):
@@ -391,7 +394,7 @@ def study_totals(report_spec: Mapping[str, Any], estimates: Sequence[RunEstimate
                     add(study, f"GRPO ({d}){tag}", [c["grpo"]])
                     for label, run in c["opd"].items():
                         add(study, f"{label} ({d}){tag}", [run])
-                        add(study, f"{label} / GRPO ({d}){tag}", [run, c["grpo"]], "x", cost[run] / cost[c["grpo"]])
+                        add(study, f"{label} / GRPO ({d}){tag}", [run, c["grpo"]], "x", cost(run) / cost(c["grpo"]))
                     if c.get("teacher"):
                         add(study, f"teacher's own GRPO ({d}, not counted){tag}", [c["teacher"]])
             elif study == "S2":
@@ -402,10 +405,10 @@ def study_totals(report_spec: Mapping[str, Any], estimates: Sequence[RunEstimate
                 add(study, f"GRPO = the self-teacher (not counted in distillation){tag}", [s["grpo"]])
                 for n, run in s["opd"].items():
                     add(study, f"distillation, {n} rollout(s)/prompt, teacher excluded{tag}", [run])
-                    add(study, f"GRPO / distillation n={n}{tag}", [s["grpo"], run], "x", cost[s["grpo"]] / cost[run])
+                    add(study, f"GRPO / distillation n={n}{tag}", [s["grpo"], run], "x", cost(s["grpo"]) / cost(run))
             elif study in ("S4", "S5"):
                 experts, distill, joint = list(s["experts"]), s["distill"], s["joint"]
-                e, dist, j = sum(cost[r] for r in experts), cost[distill], cost[joint]
+                e, dist, j = sum(cost(r) for r in experts), cost(distill), cost(joint)
                 add(study, f"experts' total ({len(experts)} GRPO){tag}", experts)
                 add(study, f"distillation{tag}", [distill])
                 add(study, f"distillation / experts{tag}", [distill, *experts], "%", 100 * dist / e)
@@ -451,15 +454,22 @@ def runs_table(estimates: Sequence[RunEstimate], unit: str = "EFLOP") -> str:
 
 
 def _value(row: StudyRow, unit: str) -> str:
+    if row.value != row.value:   # NaN: a run without a finished ledger
+        return "-"
     if row.unit == "flops":
         return f"{_num(row.value / UNITS[unit])} {unit}"
     return f"{row.value:.1f}%" if row.unit == "%" else f"{row.value:.3g}x"
 
 
-def studies_table(rows: Sequence[StudyRow], unit: str = "EFLOP") -> str:
-    lines = ["| study | quantity | predicted | runs |", "|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r.study} | {r.quantity} | {_value(r, unit)} | {', '.join(r.runs)} |")
+def studies_table(rows: Sequence[StudyRow], unit: str = "EFLOP", measured: Sequence[StudyRow] | None = None) -> str:
+    """The studies' figures; with ``measured`` (the same rows from the ledgers) a ledger column beside them."""
+    if measured is None:
+        lines = ["| study | quantity | predicted | runs |", "|---|---|---|---|"]
+        lines += [f"| {r.study} | {r.quantity} | {_value(r, unit)} | {', '.join(r.runs)} |" for r in rows]
+    else:
+        lines = ["| study | quantity | predicted | ledger | runs |", "|---|---|---|---|---|"]
+        lines += [f"| {r.study} | {r.quantity} | {_value(r, unit)} | {_value(m, unit)} | {', '.join(r.runs)} |"
+                  for r, m in zip(rows, measured)]
     return "\n".join(lines)
 
 
@@ -513,6 +523,10 @@ def cmd_estimate(args) -> int:
             m.pop("records", None)
             e.measured = m
     rows = study_totals(plan.report_spec, estimates)
+    ledger = None
+    if args.measured:   # finished runs only: a partial ledger is not the run's cost
+        ledger = study_totals(plan.report_spec, estimates,
+                              {e.run: e.measured["total"] for e in estimates if e.measured.get("steps") == e.steps})
     total = sum(e.total for e in estimates)
     print(f"# Predicted training FLOPs: profile `{cfg['profile']}`, {len(estimates)} runs, "
           f"{_num(total / UNITS[args.unit])} {args.unit} in all\n")
@@ -520,7 +534,7 @@ def cmd_estimate(args) -> int:
     print("## Runs\n")
     print(runs_table(estimates, args.unit) + "\n")
     print("## Studies\n")
-    print(studies_table(rows, args.unit))
+    print(studies_table(rows, args.unit, ledger))
     if args.csv:
         write_csv(args.csv, estimates)
     if args.studies_csv:

@@ -103,6 +103,22 @@ FIGURES = [
 ]
 
 
+def length_sweep(prompt_tokens: float = 256, responses: tuple[float, ...] = (1024, 2048, 4096, 8192, 16384)) -> str:
+    """S1's three figures at several response lengths: generated tokens (millions) each figure buys, and what
+    padding every row's forwards to twice its length (the ledger's accounting when the longest row in a step runs
+    to a cap of 2x the mean) multiplies a sequence's cost by."""
+    s1 = FIGURES[:3]
+    lines = ["| generated tokens / sequence | " + " | ".join(f"{f.label}: M tokens" for f in s1)
+             + " | padded to 2x: cost factor (GRPO, OPD 8B, OPD 32B) |", "|---|" + "---|" * (len(s1) + 1)]
+    for r in responses:
+        cells = [f"{f.eflop * 1e18 / sum(sequence_flops(f.student, f.teacher, prompt_tokens, r).values()) * r / 1e6:,.1f}"
+                 for f in s1]
+        factors = [sum(sequence_flops(f.student, f.teacher, prompt_tokens, r, 2 * r).values())
+                   / sum(sequence_flops(f.student, f.teacher, prompt_tokens, r).values()) for f in s1]
+        lines.append(f"| {r:g} | " + " | ".join(cells) + " | " + ", ".join(f"{x:.2f}" for x in factors) + " |")
+    return "\n".join(lines)
+
+
 def paper_analysis(prompt_tokens: float = 256, response_tokens: float = 4096, sequences_per_step: int = 512,
                    steps: int = 100) -> str:
     """A markdown table: per figure, the FLOPs of one sequence, the sequences/tokens/steps the figure buys, and the
@@ -120,4 +136,5 @@ def paper_analysis(prompt_tokens: float = 256, response_tokens: float = 4096, se
         fit_text = "> 1M" if fit is None else "< 1" if fit == 0 else f"{fit:,.0f}"
         lines.append(f"| {f.label} | {f.eflop:g} | {f.student} | {f.teacher or '-'} | {per_seq / 1e12:.1f} | {seqs:,.0f} | "
                      f"{seqs * response_tokens:.3g} | {seqs / sequences_per_step:,.1f} | {fit_text} |")
+    lines += ["", f"S1 at other lengths ({prompt_tokens:g} prompt tokens):", "", length_sweep(prompt_tokens)]
     return "\n".join(lines)
