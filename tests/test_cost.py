@@ -175,3 +175,23 @@ def test_prediction_matches_a_real_ledger(smoke_world, tmp_path, run_id):
     for component in ("train", "teacher"):
         assert est.flops[component] == pytest.approx(ledger[component], rel=0.01, abs=1.0)
     assert (ledger["teacher"] > 0) == (est.flops["teacher"] > 0) == run_id.startswith("opd")
+
+
+def test_paper_solver_inverts_the_cost_model():
+    from opdgrpo import cost_solve as S
+
+    # the architectures are the Qwen3 model cards' sizes (1.7B, 4.0B, 8.2B, 14.8B, 32.8B parameters)
+    cards = {"qwen3_1.7b": 1.7e9, "qwen3_4b": 4.0e9, "qwen3_8b": 8.2e9, "qwen3_14b": 14.8e9, "qwen3_32b": 32.8e9}
+    for name, size in cards.items():
+        assert F.params_count(S.arch(name)) == pytest.approx(size, rel=0.025), name
+    per_seq = sum(S.sequence_flops("qwen3_4b", "qwen3_8b", 256, 4096).values())
+    seqs = S.sequences_for(45.7e18, "qwen3_4b", "qwen3_8b", 256, 4096)
+    assert seqs * per_seq == pytest.approx(45.7e18)
+    # the response length that fits 0.6 EFLOP of GRPO into 1000 sequences costs 0.6 EFLOP there
+    r = S.response_for(0.6e18, "qwen3_4b", None, 256, 1000)
+    assert 1000 * sum(S.sequence_flops("qwen3_4b", None, 256, r).values()) == pytest.approx(0.6e18, rel=1e-3)
+    assert S.response_for(1e30, "qwen3_4b", None, 256, 1) is None and S.response_for(1.0, "qwen3_4b", None, 256, 1) == 0
+    # a bigger teacher costs more per sequence; padding the forwards to twice the response costs more
+    assert sum(S.sequence_flops("qwen3_4b", "qwen3_32b", 256, 4096).values()) > per_seq
+    assert sum(S.sequence_flops("qwen3_4b", "qwen3_8b", 256, 4096, 8192).values()) > per_seq
+    assert "S1 OPD, 32B teacher" in S.paper_analysis()
