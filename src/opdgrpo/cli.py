@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.set_defaults(func=func)
     sub.add_parser("report", help="build the report from run directories (opdgrpo report --help)")
     sub.add_parser("savings", help="matched-accuracy savings of experts + OPD against joint GRPO (opdgrpo savings --help)")
-    sub.add_parser("flops", help="predicted training FLOPs of every planned run before any runs (opdgrpo flops estimate --help)")
+    sub.add_parser("flops", help="predicted training FLOPs of every planned run, before any run starts (opdgrpo flops estimate --help)")
     args = parser.parse_args(argv)
     from transformers.utils import logging as hf_logging
 

@@ -27,7 +27,6 @@ from typing import Any, Mapping, Sequence
 from . import flops as F
 from .config import ConfigError
 
-EFLOP = 1e18
 UNITS = {"FLOP": 1.0, "GFLOP": 1e9, "TFLOP": 1e12, "PFLOP": 1e15, "EFLOP": 1e18}
 COMPONENTS = ("rollout", "train", "teacher")
 
@@ -106,7 +105,7 @@ def lengths_for(block: Mapping[str, Any], domain: str, max_new_tokens: int) -> L
     return Lengths(prompt, padded_prompt, response, padded_response)
 
 
-def generated_tokens(lengths: Lengths, max_new_tokens: int) -> float:
+def generated_tokens(lengths: Lengths, max_new_tokens: float) -> float:
     """Tokens a row generates: its response plus the EOS that ends it, unless it ran to the cap (no EOS then).
 
     With a mean response this is ``min(response + 1, cap)``: it counts an EOS for every row, one token too many
@@ -170,7 +169,7 @@ def decode_flops(config: Any, rows: float, prompt_block: float, generated: float
     return steps * base + slope * steps * (steps + 1) / 2
 
 
-def step_flops(student: Any, rows: Mapping[str, int], lengths: Mapping[str, Lengths], max_new_tokens: int,
+def step_flops(student: Any, rows: Mapping[str, int], lengths: Mapping[str, Lengths], max_new_tokens: float,
                teachers: Mapping[str, Any] | None = None) -> dict[str, float]:
     """Predicted FLOPs of one training step, by component, as :func:`opdgrpo.train.train` books them.
 
@@ -502,8 +501,9 @@ def assumptions(cfg: Mapping[str, Any]) -> str:
     """One line on where the lengths come from, so a table is never read without them."""
     block = cost_block(cfg)
     given = "cost_model block" if cfg.get("cost_model") else "no `cost_model` block: defaults"
-    top = ", ".join(f"{k}={block[k]}" for k in LENGTH_KEYS)
-    per = "; ".join(f"{d}: " + ", ".join(f"{k}={v}" for k, v in b.items()) for d, b in block["per_domain"].items())
+    show = lambda v: "null" if v is None else f"{v:g}"  # noqa: E731
+    top = ", ".join(f"{k}={show(block[k])}" for k in LENGTH_KEYS)
+    per = "; ".join(f"{d}: " + ", ".join(f"{k}={show(v)}" for k, v in b.items()) for d, b in block["per_domain"].items())
     return (f"Lengths ({given}; null = train.max_new_tokens = {cfg['train']['max_new_tokens']}): {top}"
             + (f"; per domain: {per}" if per else "") + ". Evaluation FLOPs excluded.")
 
