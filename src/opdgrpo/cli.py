@@ -1,7 +1,7 @@
 """The ``opdgrpo`` command: what Snakemake's thin rules call, and what a user runs by hand.
 
 Subcommands: ``plan`` (print the jobs), ``tokenizer``, ``pretrain``, ``difficulty`` (S2's subsets), ``train`` (one job each, given its
-resolved config as JSON), ``report`` and ``savings``.
+resolved config as JSON), ``report``, ``savings`` and ``flops`` (the cost model: ``opdgrpo flops estimate``).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def _forward(module: str, argv: Sequence[str]) -> int:
     return importlib.import_module(module).main(list(argv)) or 0
 
 
-FORWARDED = {"report": "opdgrpo.report.build", "savings": "opdgrpo.report.savings"}
+FORWARDED = {"report": "opdgrpo.report.build", "savings": "opdgrpo.report.savings", "flops": "opdgrpo.cost"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -106,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.set_defaults(func=func)
     sub.add_parser("report", help="build the report from run directories (opdgrpo report --help)")
     sub.add_parser("savings", help="matched-accuracy savings of experts + OPD against joint GRPO (opdgrpo savings --help)")
+    sub.add_parser("flops", help="predicted training FLOPs of every planned run, before any run starts (opdgrpo flops estimate --help)")
     args = parser.parse_args(argv)
     from transformers.utils import logging as hf_logging
 

@@ -1,0 +1,197 @@
+"""The cost model (opdgrpo.cost): hand computations with the ledger's formulas, and real smoke-size ledgers."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import dataclasses
+from pathlib import Path
+
+import pytest
+from transformers import Qwen3Config
+
+from opdgrpo import cost
+from opdgrpo import flops as F
+from opdgrpo.cli import main as cli_main
+from opdgrpo.config import ConfigError, compose
+from opdgrpo.plan import build_plan
+from opdgrpo.runio import read_jsonl
+from opdgrpo.train import train
+
+REPO = Path(__file__).resolve().parents[1]
+ARCH = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
+
+
+def smoke(tmp_path, *overrides, cost_model=None):
+    """The smoke profile's config and plan; ``cost_model`` replaces whatever block the profile has (so the hand
+    computations below hold whatever lengths conf/ assumes)."""
+    cfg = compose(["profile=smoke", f"results_dir={tmp_path}/results", *overrides], REPO / "conf")
+    if cost_model == {}:
+        cfg.pop("cost_model", None)
+    elif cost_model is not None:
+        cfg["cost_model"] = cost_model
+    return cfg, build_plan(cfg)
+
+
+def qwen3(cfg, model):
+    """The model as transformers builds it (models.build_model): the hand computation's config."""
+    block = cfg["models"][model]
+    return Qwen3Config(vocab_size=cfg["tokenizer"]["vocab_size"], **{k: block[k] for k in ARCH})
+
+
+def test_decode_sum_is_generate_flops_exactly(tmp_path):
+    cfg, _ = smoke(tmp_path)
+    student = cost.architecture(cfg, "student")
+    for rows, prompt, new in ((1, 1, 1), (16, 11, 7), (3, 40, 128)):
+        hand = F.generate_flops(student, rows, prompt, new) - F.prefill_flops(student, rows, prompt)
+        assert cost.decode_flops(student, rows, prompt, new) == pytest.approx(hand, rel=1e-12)
+    # between integer lengths it lies between its neighbours
+    mid = cost.decode_flops(student, 4, 10, 7.5)
+    assert cost.decode_flops(student, 4, 10, 7) < mid < cost.decode_flops(student, 4, 10, 8)
+
+
+def test_opd_run_prediction_equals_a_hand_computation(tmp_path):
+    block = {"prompt_tokens": 9, "padded_prompt_tokens": 11, "response_tokens": 6, "padded_response_tokens": 12}
+    cfg, plan = smoke(tmp_path, cost_model=block)
+    job = plan.jobs["opd-teacher_m-math-s0"]
+    est = cost.estimate_run(cfg, job, plan.jobs)
+    s, t = qwen3(cfg, "student"), qwen3(cfg, "teacher_m")
+    b = cfg["train"]["prompts_per_step"] * cfg["methods"]["opd"]["rollouts_per_prompt"]   # 4 x 4
+    steps = cfg["methods"]["opd"]["steps"]
+    # rollout: prefill of the 11-token block, then 6 tokens + EOS = 7 generated per row; forwards over 11 + 12
+    rollout = F.generate_flops(s, b, 11, 7)
+    train_ = F.train_flops(s, b, 23, logits_positions=13)
+    teacher = F.forward_flops(t, b, 23, logits_positions=13)
+    assert est.sequences_per_step == b == 16 and est.steps == steps
+    assert est.flops["rollout"] == pytest.approx(steps * rollout, rel=1e-12)
+    assert est.flops["train"] == pytest.approx(steps * train_, rel=1e-12)
+    assert est.flops["teacher"] == pytest.approx(steps * teacher, rel=1e-12)
+    assert est.total == pytest.approx(steps * (rollout + train_ + teacher), rel=1e-12)
+    assert est.student == "student" and est.teachers == {"math": "teacher_m"}
+
+
+def test_multi_domain_distillation_routes_rows_to_each_experts_shape(tmp_path):
+    block = {"prompt_tokens": 5, "per_domain": {
+        "math": {"prompt_tokens": 8, "response_tokens": 3, "padded_response_tokens": 10},
+        "code": {"prompt_tokens": 12, "padded_prompt_tokens": 14, "response_tokens": 9, "padded_response_tokens": 16}}}
+    cfg, plan = smoke(tmp_path, cost_model=block)
+    est = cost.estimate_run(cfg, plan.jobs["opd-experts-math+code-s0"], plan.jobs)
+    s = qwen3(cfg, "student")
+    per = cfg["methods"]["opd"]["rollouts_per_prompt"]
+    rows = {"code": 2 * per, "math": 2 * per}     # balanced: 4 prompts split 2 + 2
+    assert est.rows == rows
+    block_p, decode = 14, 16                     # the batch's longest prompt block and decode length
+    rollout = F.prefill_flops(s, 16, block_p)
+    rollout += F.generate_flops(s, 8, block_p, 4) - F.prefill_flops(s, 8, block_p)       # math: 3 + EOS
+    rollout += F.generate_flops(s, 8, block_p, 10) - F.prefill_flops(s, 8, block_p)      # code: 9 + EOS
+    train_ = F.train_flops(s, 16, block_p + decode, logits_positions=decode + 1)
+    teacher = 2 * F.forward_flops(s, 8, block_p + decode, logits_positions=decode + 1)    # experts: the student's shape
+    steps = cfg["methods"]["opd"]["steps"]
+    assert est.flops["rollout"] == pytest.approx(steps * rollout, rel=1e-12)
+    assert est.flops["train"] == pytest.approx(steps * train_, rel=1e-12)
+    assert est.flops["teacher"] == pytest.approx(steps * teacher, rel=1e-12)
+    assert "grpo-student-math-s0 (student)" in est.teachers.values()
+
+
+def test_instance_mix_splits_by_pool_size(tmp_path):
+    cfg, plan = smoke(tmp_path, "train.mix=instance")
+    job = plan.jobs["grpo-student-math+code+ifeval+knowledge-s0"]
+    from opdgrpo.domains import build_domain
+    from opdgrpo.train import domain_counts
+
+    pools = {d: build_domain(cfg["domains"][d]).training_pool() for d in job.config["train_domains"]}
+    g = cfg["methods"]["grpo"]["group_size"]
+    want = {d: n * g for d, n in domain_counts(pools, cfg["train"]["prompts_per_step"], "instance").items()}
+    assert cost.rows_per_domain(job.config) == want
+
+
+def test_lengths_defaults_and_errors(tmp_path):
+    cfg, _ = smoke(tmp_path, cost_model={})
+    block = cost.cost_block(cfg)                  # no cost_model block: the defaults
+    L = cost.lengths_for(block, "math", 16)
+    assert L == cost.Lengths(256.0, 256.0, 16.0, 16.0)   # null response and padding = max_new_tokens
+    assert cost.generated_tokens(L, 16) == 16            # a row at the cap emits no EOS
+    with pytest.raises(ConfigError, match=r"cost_model.respons_tokens"):
+        cost.cost_block({**cfg, "cost_model": {"respons_tokens": 3}})
+    with pytest.raises(ConfigError, match=r"cost_model.per_domain.chess"):
+        cost.cost_block({**cfg, "cost_model": {"per_domain": {"chess": {}}}})
+    with pytest.raises(ConfigError, match=r"cost_model.per_domain.math.prompt_tokens"):
+        cost.cost_block({**cfg, "cost_model": {"per_domain": {"math": {"prompt_tokens": -1}}}})
+    bad = copy.deepcopy(cfg)
+    del bad["models"]["student"]["hidden_size"]
+    with pytest.raises(ConfigError, match=r"models.student.*hidden_size"):
+        cost.architecture(bad, "student")
+
+
+def test_cli_table_csv_and_study_totals(tmp_path, capsys):
+    out = tmp_path / "runs.csv"
+    rc = cli_main(["flops", "estimate", "--profile", "smoke", f"results_dir={tmp_path}/results", "--conf-dir", str(REPO / "conf"),
+                   "--csv", str(out), "++cost_model.prompt_tokens=10"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    cfg, plan = smoke(tmp_path, "++cost_model.prompt_tokens=10")
+    rows = list(csv.DictReader(open(out)))
+    assert [r["run"] for r in rows] == [j.id for j in plan.runs()]
+    assert "| grpo-student-math-s0 | grpo | student | - |" in text and "savings 1 - pipeline / joint" in text
+    by_run = {r["run"]: float(r["total_flops"]) for r in rows}
+    s4 = plan.report_spec["studies"]["S4"]
+    pipeline = sum(by_run[e] for e in s4["experts"]) + by_run[s4["distill"]]
+    totals = {r.quantity: r.value for r in cost.study_totals(plan.report_spec, cost.estimate_plan(cfg, plan)) if r.study == "S4"}
+    assert totals["savings 1 - pipeline / joint (full runs)"] == pytest.approx(100 * (1 - pipeline / by_run[s4["joint"]]))
+    assert totals["pipeline = experts + distillation"] == pytest.approx(pipeline)
+
+
+@pytest.mark.parametrize("run_id", ["grpo-student-math-s0", "opd-teacher_m-math-s0"])
+def test_prediction_matches_a_real_ledger(smoke_world, tmp_path, run_id):
+    """Train a smoke run, measure its mean lengths from its ledger, and predict its cumulative FLOPs from them.
+
+    Tolerances (measured at smoke size, 4 and 8 steps: total +0.3..0.7%, rollout +2.2..3.3%, train and teacher
+    exact to 1e-4): the training and teacher forwards see the padded block, which the measured means give almost
+    exactly (only the step-to-step spread of a quadratic attention term is lost), so 1%. The rollout is 5%: the
+    model counts one EOS per row, but the barely pretrained smoke student runs many rows to the cap, which emit
+    none (a token per such row, of at most 16; at paper lengths it vanishes), and the quadratic decode attention
+    sees mean lengths. The total, dominated by the training pass, within 2%.
+    """
+    cfg, plan = smoke_world
+    job = plan.jobs[run_id]
+    rc = copy.deepcopy(job.config)
+    rc["method"]["steps"] = 4
+    rc["run_id"] = f"{run_id}-cost"
+    run_dir = tmp_path / "run"
+    summary = train(rc, run_dir)
+    records = read_jsonl(run_dir / "ledger.jsonl")
+    rows = rc["train"]["prompts_per_step"] * (rc["method"].get("group_size") or rc["method"]["rollouts_per_prompt"])
+    L = cost.measured_lengths(records, rows)
+    block = {"prompt_tokens": L.prompt, "padded_prompt_tokens": L.padded_prompt, "response_tokens": L.response,
+             "padded_response_tokens": L.padded_response}
+    est = cost.estimate_run({**cfg, "cost_model": block}, dataclasses.replace(job, config=rc), plan.jobs)
+    measured = summary["cumulative_flops"]
+    ledger = summary["flops_by_component"]
+    seen = cost.read_measured(run_dir)              # what `flops estimate --measured` reads
+    assert seen["steps"] == 4 and seen["total"] == pytest.approx(measured) 
+    assert seen["flops"] == pytest.approx({k: ledger[k] for k in cost.COMPONENTS}) and ledger["old_policy"] == 0
+    assert est.total == pytest.approx(measured, rel=0.02)
+    assert est.flops["rollout"] == pytest.approx(ledger["rollout"], rel=0.05)
+    for component in ("train", "teacher"):
+        assert est.flops[component] == pytest.approx(ledger[component], rel=0.01, abs=1.0)
+    assert (ledger["teacher"] > 0) == (est.flops["teacher"] > 0) == run_id.startswith("opd")
+
+
+def test_paper_solver_inverts_the_cost_model():
+    from opdgrpo import cost_solve as S
+
+    # the architectures are the Qwen3 model cards' sizes (1.7B, 4.0B, 8.2B, 14.8B, 32.8B parameters)
+    cards = {"qwen3_1.7b": 1.7e9, "qwen3_4b": 4.0e9, "qwen3_8b": 8.2e9, "qwen3_14b": 14.8e9, "qwen3_32b": 32.8e9}
+    for name, size in cards.items():
+        assert F.params_count(S.arch(name)) == pytest.approx(size, rel=0.025), name
+    per_seq = sum(S.sequence_flops("qwen3_4b", "qwen3_8b", 256, 4096).values())
+    seqs = S.sequences_for(45.7e18, "qwen3_4b", "qwen3_8b", 256, 4096)
+    assert seqs * per_seq == pytest.approx(45.7e18)
+    # the response length that fits 0.6 EFLOP of GRPO into 1000 sequences costs 0.6 EFLOP there
+    r = S.response_for(0.6e18, "qwen3_4b", None, 256, 1000)
+    assert 1000 * sum(S.sequence_flops("qwen3_4b", None, 256, r).values()) == pytest.approx(0.6e18, rel=1e-3)
+    assert S.response_for(1e30, "qwen3_4b", None, 256, 1) is None and S.response_for(1.0, "qwen3_4b", None, 256, 1) == 0
+    # a bigger teacher costs more per sequence; padding the forwards to twice the response costs more
+    assert sum(S.sequence_flops("qwen3_4b", "qwen3_32b", 256, 4096).values()) > per_seq
+    assert sum(S.sequence_flops("qwen3_4b", "qwen3_8b", 256, 4096, 8192).values()) > per_seq
+    assert "S1 OPD, 32B teacher" in S.paper_analysis()
