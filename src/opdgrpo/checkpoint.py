@@ -85,11 +85,13 @@ def verify_checkpoint(path: Path) -> bool:
 
 
 def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, step: int, cumulative_flops: float, cfg_hash: str,
+                    state_dict: dict[str, Any] | None = None, optimizer_state: dict[str, Any] | None = None,
                     **extra: Any) -> None:
-    """Write, seal and rename a checkpoint into place; ``extra`` goes into the trainer state as it is."""
+    """Write, seal and rename a checkpoint into place; ``extra`` goes into the trainer state as it is.
+    ``state_dict``/``optimizer_state``: the full states gathered from several processes (default: the objects')."""
     tmp, final, old = run_dir / "checkpoint.tmp", run_dir / "checkpoint", run_dir / "checkpoint.old"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
     faults.kill_point("checkpoint_write", step)
     torch.save(
@@ -97,7 +99,7 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, step: int, cumul
             "step": step,
             "cumulative_flops": cumulative_flops,
             "config_hash": cfg_hash,
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
             **extra,
         },

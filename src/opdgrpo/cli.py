@@ -42,6 +42,12 @@ def cmd_tokenizer(args) -> int:
     from .runio import write_json
 
     cfg = _job_config(args)
+    if cfg["tokenizer"].get("source") == "hub":   # paper scale: the students' own tokenizer
+        from .hub_models import save_hub_tokenizer
+
+        write_json(args.out / "done.json", {"vocab_size": save_hub_tokenizer(cfg["tokenizer"], args.out),
+                                            "source": "hub", "path": str(cfg["tokenizer"]["path"])})
+        return 0
     tok = build_tokenizer(cfg["domains"], int(cfg["tokenizer"]["vocab_size"]), int(cfg["tokenizer"]["samples_per_domain"]), int(cfg["seed"]))
     save_tokenizer(tok, args.out)
     write_json(args.out / "done.json", {"vocab_size": len(tok)})
@@ -51,7 +57,12 @@ def cmd_tokenizer(args) -> int:
 def cmd_pretrain(args) -> int:
     from .pretrain import pretrain
 
-    summary = pretrain(_job_config(args), args.out)
+    cfg = _job_config(args)
+    if cfg["model"].get("source") == "hub":   # paper scale: a trained model from the hub, linked and evaluated
+        from .hub_models import fetch_base
+
+        pretrain = fetch_base
+    summary = pretrain(cfg, args.out)
     print(json.dumps({k: summary[k] for k in ("model", "steps", "parameters", "heldout", "wall_s")}))
     return 0
 

@@ -136,6 +136,13 @@ def validate(cfg: dict[str, Any]) -> None:
         raise ConfigError(f"config key `seeds` must be a non-empty list of integers, got {seeds!r}; e.g. `seeds=[0,1,2]`")
     _positive(cfg, "threads", int)
     for name in require(cfg, "models", dict):
+        source = cfg["models"][name].get("source", "scratch")
+        if source not in ("scratch", "hub"):
+            raise ConfigError(f"config key `models.{name}.source` must be 'scratch' (built and pretrained here) or 'hub' "
+                              f"(from_pretrained), got {source!r}")
+        if source == "hub":
+            require(cfg, f"models.{name}.path", str)
+            continue
         fraction = require(cfg, f"models.{name}.pretrain.thinking_fraction", (int, float))
         if not 0 <= fraction <= 1:
             raise ConfigError(f"config key `models.{name}.pretrain.thinking_fraction` must be in [0, 1] "
@@ -162,7 +169,11 @@ def validate(cfg: dict[str, Any]) -> None:
         raise ConfigError("config key `methods.grpo.group_size` must be at least 2: GRPO's advantages compare samples within a group")
     _positive(cfg, "methods.opd.rollouts_per_prompt", int)
     _positive(cfg, "methods.opd.top_k", int)
-    vocab = require(cfg, "tokenizer.vocab_size", int)
+    if require(cfg, "tokenizer", dict).get("source") == "hub":
+        require(cfg, "tokenizer.path", str)   # the students' tokenizer; its size is known once it is loaded
+        vocab = int(cfg["tokenizer"].get("vocab_size") or cfg["methods"]["opd"]["top_k"])
+    else:
+        vocab = require(cfg, "tokenizer.vocab_size", int)
     if cfg["methods"]["opd"]["top_k"] > vocab:
         raise ConfigError(
             f"config key `methods.opd.top_k` ({cfg['methods']['opd']['top_k']}) exceeds `tokenizer.vocab_size` ({vocab})"
@@ -177,6 +188,8 @@ def validate(cfg: dict[str, Any]) -> None:
                 raise ConfigError(
                     f"config key `studies.{study}` uses domain {domain!r}, which is not in `domains` ({sorted(cfg['domains'])})"
                 )
+        if scfg.get("student") is not None and scfg["student"] not in cfg["models"]:
+            raise ConfigError(f"config key `studies.{study}.student`: {scfg['student']!r} is not in `models` ({sorted(cfg['models'])})")
         for teacher in scfg.get("teachers", []) + ([scfg["teacher"]] if "teacher" in scfg else []):
             if teacher not in cfg["models"]:
                 raise ConfigError(
@@ -219,6 +232,11 @@ def _validate_domains(cfg: dict[str, Any]) -> None:
             if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
                 raise ConfigError(f"config key `domains.{name}.{where}.size` must be a positive integer, or null for every "
                                   f"instance; got {size!r} (an empty data set)")
+        if getattr(KINDS[kind], "LAZY_POOLS", False):
+            # Hub data sets load in the jobs (on the cluster, with the hub cache), not when the DAG is planned:
+            # `snakemake -n` works offline. Their source blocks are checked here; rows are checked by the jobs.
+            _check_sources(name, dcfg)
+            continue
         try:
             domain = build_domain(dcfg)
             pool, sets = domain.training_pool(), domain.heldout_sets()
@@ -234,6 +252,20 @@ def _validate_domains(cfg: dict[str, Any]) -> None:
         problem = heldout_overlap(name, pool, sets)
         if problem:
             raise ConfigError(f"config block `domains.{name}`: {problem}")
+
+
+def _check_sources(name: str, dcfg: dict[str, Any]) -> None:
+    from .domains.hub import SOURCE_KEYS
+
+    blocks = {"train": dcfg.get("train")} | {f"heldout.{s}": spec for s, spec in dcfg["heldout"].items()}
+    for where, block in blocks.items():
+        source = (block or {}).get("source")
+        if not isinstance(source, dict) or not source.get("path") or not source.get("split"):
+            raise ConfigError(f"config key `domains.{name}.{where}.source` must be a mapping with `path` (hub id or local "
+                              f"directory) and `split`, got {source!r}")
+        unknown = sorted(set(source) - set(SOURCE_KEYS))
+        if unknown:
+            raise ConfigError(f"config key `domains.{name}.{where}.source` has unknown keys {unknown}; known: {list(SOURCE_KEYS)}")
 
 
 def _validate_s2(cfg: dict[str, Any]) -> None:

@@ -218,10 +218,19 @@ def _pool_sizes(domains: Mapping[str, Any], names: Sequence[str], cache: dict[st
     """Training-pool sizes (only the ``instance`` mix needs them); built once per domain config."""
     from .domains import build_domain
 
+    from .domains import KINDS
+
     sizes = {}
     for d in names:
         key = json.dumps(domains[d], sort_keys=True, default=str)
-        if key not in cache:
+        expected = (domains[d].get("train") or {}).get("expected_rows")
+        if key in cache:
+            pass
+        elif getattr(KINDS.get(domains[d].get("kind")), "LAZY_POOLS", False) and expected:
+            # Hub data sets are not loaded to plan: their documented row count stands in for the pool.
+            size = (domains[d].get("train") or {}).get("size")
+            cache[key] = min(int(expected), int(size)) if size else int(expected)
+        else:
             cache[key] = len(build_domain(domains[d]).training_pool())
         sizes[d] = cache[key]
     return sizes

@@ -2,6 +2,10 @@
 
 Evaluation FLOPs are returned so the ledger can log them apart from training FLOPs (they never
 count towards a run's cumulative training FLOPs).
+
+With several processes the sampling batches are dealt round-robin, each batch with its own generator seeded by
+(seed, batch index), and the results gathered: every process returns the same numbers. One process keeps one
+generator across batches, as it always did.
 """
 
 from __future__ import annotations
@@ -11,41 +15,75 @@ from typing import Any, Mapping
 import torch
 
 from .domains import Domain, Task
-from .rollout import sample_and_score
+from .rollout import PromptFormat, sample_and_score
+
+
+def _sample_all(model, tokenizer, domains, repeated: list[Task], *, batch_size: int, seed: int, workers, **kwargs):
+    """(rewards, lengths, texts, flops) of every task in ``repeated``, in order."""
+    device = next(model.parameters()).device
+    starts = list(range(0, len(repeated), batch_size))
+    distributed = workers is not None and workers.distributed
+    generator = torch.Generator(device=device).manual_seed(seed)
+    done: dict[int, tuple[list[float], list[int], list[str]]] = {}
+    flops = 0.0
+    for index, start in enumerate(starts):
+        if distributed:
+            if index % workers.world != workers.rank:
+                continue
+            generator = torch.Generator(device=device).manual_seed(seed * 7_919 + index)
+        chunk = sample_and_score(model, tokenizer, domains, repeated[start: start + batch_size], generator=generator, **kwargs)
+        done[index] = (chunk.rewards.tolist(), chunk.response_lengths, chunk.texts)
+        flops += chunk.rollouts.flops
+    if distributed:
+        merged: dict[int, tuple[list[float], list[int], list[str]]] = {}
+        for part in workers.gather(done):
+            merged.update(part)
+        done = merged
+        flops = workers.sum([flops])[0]
+    rewards = [r for i in range(len(starts)) for r in done[i][0]]
+    lengths = [n for i in range(len(starts)) for n in done[i][1]]
+    texts = [t for i in range(len(starts)) for t in done[i][2]]
+    return rewards, lengths, texts, flops
 
 
 @torch.no_grad()
 def evaluate(model, tokenizer, domains: Mapping[str, Domain], heldout: Mapping[str, Mapping[str, list[Task]]], *,
-             k: int, temperature: float, max_new_tokens: int, batch_size: int, seed: int) -> tuple[list[dict[str, Any]], float]:
-    """Per held-out set: accuracy (avg@k), mean response length in tokens (and, where the domain has constraint
-    kinds, the pass rate of each); plus the FLOPs spent."""
+             k: int, temperature: float, max_new_tokens: int, batch_size: int, seed: int,
+             fmt: PromptFormat = PromptFormat(), top_p: float = 1.0, top_k: int = 0, workers=None) -> tuple[list[dict[str, Any]], float]:
+    """Per held-out set: accuracy (avg@k), pass@k where k > 1, mean response length in tokens, and what the domain
+    reports beyond accuracy (IFEval's constraint rates); plus the FLOPs spent. A domain may ask for its own k per
+    set (``eval_k``, e.g. 16 samples for AIME)."""
+    from .metrics import summarise
+
     was_training = model.training
     model.eval()
-    generator = torch.Generator().manual_seed(seed)
     results, flops = [], 0.0
     for domain, sets in heldout.items():
         for set_name, tasks in sets.items():
-            repeated = [t for t in tasks for _ in range(k)]
-            rewards, lengths, texts = [], [], []
-            for start in range(0, len(repeated), batch_size):
-                chunk = sample_and_score(model, tokenizer, domains, repeated[start : start + batch_size],
-                                         max_new_tokens=max_new_tokens, temperature=temperature, generator=generator)
-                rewards.append(chunk.rewards)
-                lengths += chunk.response_lengths
-                texts += chunk.texts
-                flops += chunk.rollouts.flops
-            rewards_all = torch.cat(rewards)
+            set_k = (getattr(domains[domain], "eval_k", lambda _: None)(set_name)) or k
+            repeated = [t for t in tasks for _ in range(set_k)]
+            rewards, lengths, texts, set_flops = _sample_all(
+                model, tokenizer, domains, repeated, batch_size=batch_size, seed=seed, workers=workers,
+                max_new_tokens=max_new_tokens, temperature=temperature, fmt=fmt, top_p=top_p, top_k=top_k)
+            flops += set_flops
             result = {
                 "eval_domain": domain,
                 "eval_set": set_name,
-                "accuracy": float(rewards_all.mean()),
+                "accuracy": float(torch.tensor(rewards).mean()),
                 "mean_response_length": sum(lengths) / len(lengths),
-                "k": k,
+                "k": set_k,
                 "n_prompts": len(tasks),
             }
+            if set_k > 1:  # unbiased pass@k from the k samples of each prompt (solved = full reward), k = 1, 2, 4, ..., set_k
+                per_prompt = [rewards[i * set_k:(i + 1) * set_k] for i in range(len(tasks))]
+                ks = sorted({2 ** p for p in range(set_k.bit_length()) if 2 ** p <= set_k} | {set_k})
+                result["pass_at_k"] = {key: value for key, value in summarise(per_prompt, ks).items() if key.startswith("pass@")}
             per_constraint = getattr(domains[domain], "constraint_rates", None)
             if per_constraint is not None:  # instruction following: IFEval's instruction-level pass rates too
                 result["constraint_rates"] = per_constraint(repeated, texts)
+            extra = getattr(domains[domain], "extra_metrics", None)
+            if extra is not None:  # e.g. IFEval's prompt/instruction-level strict and loose accuracy
+                result["metrics"] = extra(repeated, texts)
             results.append(result)
     model.train(was_training)
     return results, flops

@@ -14,10 +14,11 @@ Shared conventions
 
   - ``"token-mean"``: sum of the per-token losses over every valid token in the batch, divided by the number of
     valid tokens in the batch. Every token weighs the same, so long responses weigh more (DAPO / Dr. GRPO style).
-    The normaliser is *this call's* batch: with gradient accumulation each micro-batch is normalised by its own
-    token count.
+    The normaliser is *this call's* batch unless ``normalizer`` is given: a shard of a larger batch (gradient
+    accumulation, several processes) passes the whole batch's count, so the shards' losses sum to the batch's.
   - ``"sequence-mean"``: mean over the valid tokens within each sequence, then mean over the sequences that have at
-    least one valid token (the original GRPO formula, 1/G sum_i 1/|o_i| sum_t).
+    least one valid token (the original GRPO formula, 1/G sum_i 1/|o_i| sum_t); ``normalizer`` replaces the
+    sequence count.
 
   A batch without any valid token gives a loss of exactly 0 that is still connected to the graph.
 * Metrics are returned as Python floats (one host sync per call; cheap next to a training step) so they can go
@@ -57,15 +58,26 @@ def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
-def _aggregate(per_token: Tensor, mask: Tensor, aggregation: str) -> Tensor:
-    """Reduce a ``(B, T)`` per-token loss to a scalar; ``mask`` is already float in ``per_token``'s dtype."""
+def _aggregate(per_token: Tensor, mask: Tensor, aggregation: str, normalizer: float | None = None) -> Tensor:
+    """Reduce a ``(B, T)`` per-token loss to a scalar; ``mask`` is already float in ``per_token``'s dtype.
+    ``normalizer``: the count to divide by (the whole batch's tokens or sequences) instead of this call's."""
     if aggregation == "token-mean":
-        return _masked_mean(per_token, mask)
+        if normalizer is None:
+            return _masked_mean(per_token, mask)
+        return (per_token * mask).sum() / max(float(normalizer), 1.0)
     # sequence-mean: sequences without valid tokens neither contribute nor count.
     tokens_per_seq = mask.sum(dim=-1)
     per_seq = (per_token * mask).sum(dim=-1) / tokens_per_seq.clamp(min=1)
     has_tokens = (tokens_per_seq > 0).to(per_seq.dtype)
+    if normalizer is not None:
+        return (per_seq * has_tokens).sum() / max(float(normalizer), 1.0)
     return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1)
+
+
+def aggregation_count(mask: Tensor, aggregation: str) -> int:
+    """What ``aggregation`` divides by for this mask: valid tokens, or sequences with at least one."""
+    _check_aggregation(aggregation)
+    return int(mask.sum()) if aggregation == "token-mean" else int((mask.sum(dim=-1) > 0).sum())
 
 
 def _logsumexp_rows(logits: Tensor, dtype: torch.dtype) -> Tensor:
@@ -139,6 +151,7 @@ def grpo_loss(
     aggregation: str = "token-mean",
     ref_logprobs: Tensor | None = None,
     beta: float = 0.0,
+    normalizer: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO-clipped GRPO surrogate, to be minimised.
 
@@ -194,7 +207,7 @@ def grpo_loss(
             per_token = per_token + beta * k3
         metrics["kl"] = _masked_mean(k3.detach(), m).item()
 
-    loss = _aggregate(per_token, m, aggregation)
+    loss = _aggregate(per_token, m, aggregation, normalizer)
 
     with torch.no_grad():
         low = ((ratio < 1.0 - eps_low) & (adv < 0)).to(dtype)
@@ -216,6 +229,7 @@ def topk_reverse_kl(
     mask: Tensor,
     k: int = 16,
     aggregation: str = "token-mean",
+    normalizer: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """OPD's per-token reverse KL(student || teacher), closed form over the student's top-k tokens.
 
@@ -267,7 +281,7 @@ def topk_reverse_kl(
     per_token = (log_ps.exp() * (log_ps - log_pt)).sum(dim=-1)  # (B, T)
 
     m = mask.to(dtype)
-    loss = _aggregate(per_token, m, aggregation)
+    loss = _aggregate(per_token, m, aggregation, normalizer)
 
     with torch.no_grad():
         topk_mass = torch.exp(torch.logsumexp(s_top, dim=-1) - _logsumexp_rows(student_logits, dtype))

@@ -23,8 +23,44 @@ class ScoredRollouts:
         return [len(c) for c in self.rollouts.completions]
 
 
-def encode_prompts(tokenizer, tasks: Sequence[Task]) -> list[list[int]]:
-    return [tokenizer(t.prompt, add_special_tokens=False)["input_ids"] for t in tasks]
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a task's prompt becomes tokens, and which tokens end a completion.
+
+    The tiny world feeds the raw prompt. Chat models (the paper profile) get the prompt as one user turn through the
+    tokenizer's own chat template (``train.chat_template: true``), optionally with Qwen3's thinking switch
+    (``enable_thinking``), and stop at the end of their turn (``stop_tokens``, e.g. ``<|im_end|>``) as well as at EOS.
+    """
+
+    chat_template: bool = False
+    enable_thinking: bool | None = None
+    stop_tokens: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, train: Mapping) -> "PromptFormat":
+        thinking = train.get("enable_thinking")
+        return cls(bool(train.get("chat_template", False)), None if thinking is None else bool(thinking),
+                   tuple(train.get("stop_tokens") or ()))
+
+    def stop_ids(self, tokenizer) -> list[int]:
+        ids = [tokenizer.eos_token_id]
+        for token in self.stop_tokens:
+            tid = tokenizer.convert_tokens_to_ids(token)
+            if tid is None or tid == tokenizer.unk_token_id:
+                raise ValueError(f"config key `train.stop_tokens`: {token!r} is not a token of the tokenizer")
+            ids.append(int(tid))
+        return list(dict.fromkeys(ids))
+
+
+def encode_prompts(tokenizer, tasks: Sequence[Task], fmt: PromptFormat = PromptFormat()) -> list[list[int]]:
+    if not fmt.chat_template:
+        return [tokenizer(t.prompt, add_special_tokens=False)["input_ids"] for t in tasks]
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("config key `train.chat_template` is true but the tokenizer has no chat template")
+    extra = {} if fmt.enable_thinking is None else {"enable_thinking": fmt.enable_thinking}
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": t.prompt}], tokenize=False,
+                                           add_generation_prompt=True, **extra) for t in tasks]
+    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
 
 
 def score(domains: Mapping[str, Domain], tasks: Sequence[Task], texts: Sequence[str]) -> torch.Tensor:
@@ -38,14 +74,17 @@ def score(domains: Mapping[str, Domain], tasks: Sequence[Task], texts: Sequence[
 
 
 def sample_and_score(model, tokenizer, domains: Mapping[str, Domain], tasks: Sequence[Task], *, max_new_tokens: int,
-                     temperature: float, generator: torch.Generator, with_rewards: bool = True) -> ScoredRollouts:
+                     temperature: float, generator: torch.Generator, with_rewards: bool = True,
+                     fmt: PromptFormat = PromptFormat(), top_p: float = 1.0, top_k: int = 0) -> ScoredRollouts:
     rollouts = sample(
         model,
-        encode_prompts(tokenizer, tasks),
+        encode_prompts(tokenizer, tasks, fmt),
         max_new_tokens=max_new_tokens,
-        eos_token_id=tokenizer.eos_token_id,
+        eos_token_id=fmt.stop_ids(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
         generator=generator,
     )
     texts = tokenizer.batch_decode(rollouts.completions, skip_special_tokens=True)

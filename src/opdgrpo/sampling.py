@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from transformers import DynamicCache
@@ -69,7 +70,7 @@ def sample(
     prompts: list[list[int]],
     *,
     max_new_tokens: int,
-    eos_token_id: int,
+    eos_token_id: int | Sequence[int],
     pad_token_id: int,
     temperature: float = 1.0,
     top_p: float = 1.0,
@@ -91,6 +92,10 @@ def sample(
 
     config = model.config
     device = next(model.parameters()).device
+    stop_ids = [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
+    if not stop_ids:
+        raise ValueError("need at least one stop token id (eos_token_id)")
+    stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
     batch, prompt_len = len(prompts), max(len(p) for p in prompts)
 
     input_ids = torch.full((batch, prompt_len), pad_token_id, dtype=torch.long, device=device)
@@ -123,7 +128,7 @@ def sample(
         tokens = _choose(out.logits[:, -1, :], temperature, top_p, top_k, generator)
         generated[active, step] = tokens
         steps = step + 1
-        is_eos = tokens == eos_token_id
+        is_eos = torch.isin(tokens, stops)
         finished[active[is_eos]] = True
         if step == max_new_tokens - 1 or bool(is_eos.all()):
             break
@@ -145,12 +150,12 @@ def sample(
         tokens_computed += len(active)
 
     generated = generated[:, :steps]
-    is_eos = generated == eos_token_id
+    is_eos = torch.isin(generated, stops)
     # True up to and including the first EOS: no EOS strictly before this position.
     completion_mask = (is_eos.long().cumsum(dim=-1) - is_eos.long()) == 0
     generated = generated.masked_fill(~completion_mask, pad_token_id)
     completions = [
-        [t for t, keep in zip(row.tolist(), keep_row.tolist()) if keep and t != eos_token_id]
+        [t for t, keep in zip(row.tolist(), keep_row.tolist()) if keep and t not in stop_ids]
         for row, keep_row in zip(generated, completion_mask)
     ]
     return Rollouts(

@@ -54,8 +54,11 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+def load_tokenizer(path: Path):
+    """The run's tokenizer (ours at tiny scale, the hub model's at paper scale)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
     if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer at {path} has no pad or eos token; rebuild it with `opdgrpo tokenizer`")
     return tokenizer

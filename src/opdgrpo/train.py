@@ -15,6 +15,7 @@ ledger line and no checkpoint) or is dropped without an optimiser step (``skip``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import signal
@@ -27,12 +28,13 @@ import torch
 from . import faults
 from . import flops as F
 from .checkpoint import clear_run, config_hash, restore_rng, resume_point, save_checkpoint
+from .distributed import Workers, shard_bounds
 from .subsets import load_subset
 from .domains import Task, build_domain
 from .evaluation import evaluate, heldout_for
-from .losses import group_advantages, grpo_loss, token_logprobs, topk_reverse_kl
+from .losses import aggregation_count, group_advantages, grpo_loss, token_logprobs, topk_reverse_kl
 from .models import autocast, load_model, parameter_count
-from .rollout import sample_and_score
+from .rollout import PromptFormat, sample_and_score
 from .runio import IN_DOMAIN_SET, append_jsonl, keep_records, read_jsonl, write_json, write_yaml
 from .tokenizer import load_tokenizer
 
@@ -140,11 +142,21 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     from .guards import check_run_inputs, run_dir_lock
 
     check_run_inputs(cfg)
-    with run_dir_lock(Path(run_dir)):
-        return _train(cfg, Path(run_dir))
+    workers = Workers(str(cfg["train"].get("distributed", "ddp")))
+    try:
+        # The main process owns the run directory; the others only read checkpoints it wrote.
+        with run_dir_lock(Path(run_dir)) if workers.is_main else contextlib.nullcontext():
+            return _train(cfg, Path(run_dir), workers)
+    finally:
+        workers.close()
 
 
-def _train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+#: Seeds of a step's rollout shards: shard s of step t samples with seed * SEED_STRIDE + t + s * SHARD_STRIDE, so
+#: shard 0 keeps the seed a one-shard step always had.
+SEED_STRIDE, SHARD_STRIDE = 1_000_003, 7_919_113
+
+
+def _train(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> dict[str, Any]:
     started = time.time()
     torch.set_num_threads(int(cfg["threads"]))
     method, shared = cfg["method"], cfg["train"]
@@ -156,6 +168,14 @@ def _train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     if nonfinite not in ("stop", "skip") or max_skips < 0:
         raise ValueError(f"config keys `train.nonfinite` must be 'stop' or 'skip' and `train.max_nonfinite_skips` >= 0, "
                          f"got {nonfinite!r} and {max_skips}")
+    prompts_per_step = int(shared["prompts_per_step"])
+    shards = int(shared.get("micro_batches") or workers.world)
+    if shards % workers.world or prompts_per_step % shards:
+        raise ValueError(f"config key `train.micro_batches` ({shards}) must be a multiple of the number of processes "
+                         f"({workers.world}) and divide `train.prompts_per_step` ({prompts_per_step})")
+    mine = [s for s in range(shards) if s % workers.world == workers.rank]   # this process's shards of every step
+    fmt = PromptFormat.from_config(shared)
+    device, main = workers.device, workers.is_main
 
     # -- what this run works on ---------------------------------------------------------------
     tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
@@ -163,7 +183,7 @@ def _train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     pools = {d: domains[d].training_pool() for d in cfg["train_domains"]}
     heldout = heldout_for(domains, cfg["eval_domains"])
     subset_info = restrict_to_subset(pools, heldout, cfg["train_subset"]) if cfg.get("train_subset") else None
-    counts = domain_counts(pools, int(shared["prompts_per_step"]), str(shared.get("mix", "balanced")))
+    counts = domain_counts(pools, prompts_per_step, str(shared.get("mix", "balanced")))
 
     # -- resume or start: a checkpoint counts only if this config and its upstream made it ----------
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -173,28 +193,38 @@ def _train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     streak = 0   # non-finite steps skipped in a row
     ckpt, state = resume_point(run_dir)
     if state and state["config_hash"] != cfg_hash:
-        log.warning("%s: config or upstream checkpoints changed since the last checkpoint; starting over", cfg["run_id"])
+        if main:
+            log.warning("%s: config or upstream checkpoints changed since the last checkpoint; starting over", cfg["run_id"])
         state = None
-    if state is None:
+    workers.barrier()  # every process has read the checkpoint before the main one may clear it
+    if state is None and main:
         clear_run(run_dir)
-    student = load_model(ckpt if state else cfg["student"]["path"])
+    param_dtype = getattr(torch, str(shared.get("param_dtype", "float32")))
+    student = load_model(ckpt if state else cfg["student"]["path"], dtype=param_dtype).to(device)
     teachers: dict[str, torch.nn.Module] = {}
     if kind == "opd":
         loaded: dict[str, torch.nn.Module] = {}  # one teacher per domain (check_run_inputs: same tokenizer as the student)
         for d in cfg["train_domains"]:
             path = cfg["teachers"][d]["path"]
-            teachers[d] = loaded.setdefault(path, load_model(path, trainable=False).eval())
+            teacher_dtype = getattr(torch, str(cfg["teachers"][d].get("dtype") or shared.get("teacher_dtype", "float32")))
+            if path not in loaded:
+                loaded[path] = load_model(path, dtype=teacher_dtype, trainable=False).eval().to(device)
+            teachers[d] = loaded[path]
     optimizer = torch.optim.AdamW(student.parameters(), lr=float(method["lr"]), betas=tuple(method["betas"]),
                                   weight_decay=float(method["weight_decay"]))
+    n_params = parameter_count(student)
+    model, optimizer = workers.prepare(student, optimizer)   # DDP/FSDP wrapper when several processes share the run
     if state:
-        optimizer.load_state_dict(state["optimizer"])
+        workers.load_optimizer_state(model, optimizer, state["optimizer"])
         restore_rng(state)
         start, cumulative = int(state["step"]), float(state["cumulative_flops"])
         streak = int(state.get("nonfinite_streak", 0))
-        keep_records(ledger_path, lambda r: r["step"] < start)
-        keep_records(evals_path, lambda r: r["step"] < start)
-        log.info("resuming %s at step %d (%.3g training FLOPs so far)", cfg["run_id"], start, cumulative)
-    write_yaml(run_dir / "config.yaml", cfg)
+        if main:
+            keep_records(ledger_path, lambda r: r["step"] < start)
+            keep_records(evals_path, lambda r: r["step"] < start)
+            log.info("resuming %s at step %d (%.3g training FLOPs so far)", cfg["run_id"], start, cumulative)
+    if main:
+        write_yaml(run_dir / "config.yaml", cfg)
 
     stop = {"signal": None}
 
@@ -203,16 +233,32 @@ def _train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
 
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
 
+    def checkpoint(done_steps: int) -> None:
+        # Collectives under FSDP (every process takes part); the main process writes.
+        state_dict = workers.state_dict(model) if workers.distributed else None
+        optimizer_state = workers.optimizer_state(model, optimizer)
+        if main:
+            save_checkpoint(run_dir, workers.unwrap(model), tokenizer, optimizer, done_steps, cumulative, cfg_hash,
+                            state_dict=state_dict, optimizer_state=optimizer_state, nonfinite_streak=streak)
+        workers.barrier()
+
     def run_eval(step: int) -> dict[str, Any]:
         ev = shared["eval"]
-        with autocast(precision, student.device.type):
-            results, eval_flops = evaluate(student, tokenizer, domains, heldout, k=int(ev["k"]), temperature=float(ev["temperature"]),
+        with workers.full_params(model) as policy, autocast(precision, device.type):
+            results, eval_flops = evaluate(policy, tokenizer, domains, heldout, k=int(ev["k"]), temperature=float(ev["temperature"]),
                                            max_new_tokens=int(shared["max_new_tokens"]), batch_size=int(ev["batch_size"]),
-                                           seed=seed * 1_000_003 + step + 7)
+                                           seed=seed * SEED_STRIDE + step + 7, fmt=fmt, top_p=float(ev.get("top_p", 1.0)),
+                                           top_k=int(ev.get("top_k", 0)), workers=workers)
         faults.kill_point("eval", step)
         record = {"step": step, "cumulative_flops": cumulative, "eval_flops": eval_flops, "results": results}
-        append_jsonl(evals_path, record)
+        if main:
+            append_jsonl(evals_path, record)
         return record
+
+    def agree(err: NonFinite | None, where: str) -> None:
+        """Every process stops or skips together: a process that found nothing raises too when another did."""
+        if workers.any(err is not None):
+            raise err or NonFinite(f"{where}: another process found a non-finite value", "other_process")
 
     lr = float(method["lr"])
     try:
@@ -227,71 +273,107 @@ def _train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             where = f"run {cfg['run_id']} step {step}"
             # What was computed so far: a skipped step's FLOPs are counted too, up to where it stopped.
             flops = {"rollout": 0.0, "train": 0.0, "old_policy": 0.0, "teacher": 0.0}
-            skipped = None
+            skipped, local = None, []
+            loss_sum, metric_sums, tokens = 0.0, {}, {"prompt": 0, "completion": 0, "rollout_computed": 0, "train": 0, "teacher": 0}
+            reward_sum, length_sum, n_seqs = 0.0, 0.0, 0
             try:
-                # 1. rollouts: the student samples `per_prompt` completions of every prompt
+                # 1. rollouts: the student samples `per_prompt` completions of every prompt, shard by shard
                 prompts = batch_tasks(pools, counts, step, seed)
-                tasks = [t for t in prompts for _ in range(per_prompt)]
-                generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
-                student.eval()
-                with autocast(precision, student.device.type):
-                    scored = sample_and_score(student, tokenizer, domains, tasks, max_new_tokens=int(shared["max_new_tokens"]),
-                                              temperature=float(shared["temperature"]), generator=generator)
-                student.train()
+                bounds = shard_bounds(len(prompts), shards)
+                err = None
+                with workers.full_params(model) as policy:
+                    policy.eval()
+                    for s in mine:
+                        tasks = [t for t in prompts[bounds[s][0]:bounds[s][1]] for _ in range(per_prompt)]
+                        generator = torch.Generator(device=device).manual_seed(seed * SEED_STRIDE + step + s * SHARD_STRIDE)
+                        with autocast(precision, device.type):
+                            scored = sample_and_score(policy, tokenizer, domains, tasks, max_new_tokens=int(shared["max_new_tokens"]),
+                                                      temperature=float(shared["temperature"]), generator=generator, fmt=fmt)
+                        flops["rollout"] += scored.rollouts.flops
+                        if faults.poison("nan_reward", step):
+                            scored.rewards[0] = float("nan")
+                        local.append((tasks, scored))
+                        if err is None:
+                            try:
+                                check_finite(scored.rewards, "rewards", where)
+                            except NonFinite as e:
+                                err = e
+                    policy.train()
+                model.train()
                 faults.kill_point("rollout", step)
-                ro = scored.rollouts
-                flops["rollout"] = ro.flops
-                if faults.poison("nan_reward", step):
-                    scored.rewards[0] = float("nan")
-                check_finite(scored.rewards, "rewards", where)
-                seqs, attn = ro.sequences, ro.attention_mask
-                batch, length = seqs.shape
-                new = length - ro.prompt_len
-                targets, mask = seqs[:, ro.prompt_len:], ro.completion_mask
+                agree(err, where)
+                # The whole step's normaliser, so the shards' losses add up to the loss of one big batch.
+                aggregation = method["aggregation"]
+                local_count = sum(aggregation_count(sc.rollouts.completion_mask, aggregation) for _, sc in local)
+                normalizer = None if shards == 1 else workers.sum([local_count])[0]
 
-                # 2. the student's training forward over prompt + completion (logits for the completion only)
-                with autocast(precision, student.device.type):
-                    logits = student(input_ids=seqs, attention_mask=attn, position_ids=_position_ids(attn),
-                                     logits_to_keep=new + 1).logits[:, :-1]
-                flops["train"] = F.forward_flops(student.config, batch, length, logits_positions=new + 1)  # + backward below
-                if faults.poison("nan_logits", step):
-                    logits = logits + float("nan")
-                check_finite(logits, "student_logits", where)
-
-                # 3. the loss
-                if kind == "grpo":
-                    advantages = group_advantages(scored.rewards, per_prompt, scale_by_std=bool(method["scale_by_std"]))
-                    logprobs = token_logprobs(logits, targets)
-                    # One optimiser step per batch: the sampling policy is the current one, so the old
-                    # log-probabilities are these, detached (no extra forward, none counted).
-                    loss, metrics = grpo_loss(logprobs, logprobs.detach(), advantages, mask, clip_eps=float(method["clip_eps"]),
-                                              clip_eps_high=method.get("clip_eps_high"), aggregation=method["aggregation"])
-                else:
-                    teacher_logits = torch.empty_like(logits, dtype=torch.float32)
-                    with torch.no_grad(), autocast(precision, student.device.type):
-                        for d, teacher in teachers.items():
-                            rows = torch.tensor([i for i, t in enumerate(tasks) if t.domain == d], dtype=torch.long)
-                            if len(rows) == 0:
-                                continue
-                            out = teacher(input_ids=seqs[rows], attention_mask=attn[rows], position_ids=_position_ids(attn[rows]),
-                                          logits_to_keep=new + 1).logits[:, :-1]
-                            flops["teacher"] += F.forward_flops(teacher.config, len(rows), length, logits_positions=new + 1)
-                            out = out[..., : logits.shape[-1]]
-                            if faults.poison("nan_teacher", step):
-                                out = out + float("nan")
-                            check_finite(out, "teacher_logits", where, label=f"teacher logits ({d} teacher)")
-                            teacher_logits[rows] = out.float()
-                    loss, metrics = topk_reverse_kl(logits, teacher_logits, mask, k=int(method["top_k"]),
-                                                    aggregation=method["aggregation"])
-                if faults.poison("nan_loss", step):
-                    loss = loss + float("nan")
-                check_finite(loss, "loss", where, label=f"{kind} loss")
-
-                # 4. the update (skipped, with its backward, if the gradients are not finite)
+                # 2.-4. per shard: the student's training forward, the loss and its backward (gradients accumulate)
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                flops["train"] = F.train_flops(student.config, batch, length, logits_positions=new + 1)
-                grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), float(method["grad_clip"]))
+                for i, (tasks, scored) in enumerate(local):
+                    ro = scored.rollouts
+                    seqs, attn = ro.sequences, ro.attention_mask
+                    batch, length = seqs.shape
+                    new = length - ro.prompt_len
+                    targets, mask = seqs[:, ro.prompt_len:], ro.completion_mask
+                    err = None
+                    with workers.no_sync(model, skip=i < len(local) - 1):
+                        with autocast(precision, device.type):
+                            logits = model(input_ids=seqs, attention_mask=attn, position_ids=_position_ids(attn),
+                                           logits_to_keep=new + 1).logits[:, :-1]
+                        flops["train"] += F.forward_flops(student.config, batch, length, logits_positions=new + 1)  # + backward below
+                        if faults.poison("nan_logits", step):
+                            logits = logits + float("nan")
+                        try:
+                            check_finite(logits, "student_logits", where)
+                            if kind == "grpo":
+                                advantages = group_advantages(scored.rewards, per_prompt,
+                                                              scale_by_std=bool(method["scale_by_std"])).to(device)
+                                logprobs = token_logprobs(logits, targets)
+                                # One optimiser step per batch: the sampling policy is the current one, so the old
+                                # log-probabilities are these, detached (no extra forward, none counted).
+                                loss, metrics = grpo_loss(logprobs, logprobs.detach(), advantages, mask, clip_eps=float(method["clip_eps"]),
+                                                          clip_eps_high=method.get("clip_eps_high"), aggregation=aggregation,
+                                                          normalizer=normalizer)
+                            else:
+                                teacher_logits = torch.empty_like(logits, dtype=torch.float32)
+                                with torch.no_grad(), autocast(precision, device.type):
+                                    for d, teacher in teachers.items():
+                                        rows = torch.tensor([r for r, t in enumerate(tasks) if t.domain == d], dtype=torch.long, device=device)
+                                        if len(rows) == 0:
+                                            continue
+                                        out = teacher(input_ids=seqs[rows], attention_mask=attn[rows], position_ids=_position_ids(attn[rows]),
+                                                      logits_to_keep=new + 1).logits[:, :-1]
+                                        flops["teacher"] += F.forward_flops(teacher.config, len(rows), length, logits_positions=new + 1)
+                                        out = out[..., : logits.shape[-1]]
+                                        if faults.poison("nan_teacher", step):
+                                            out = out + float("nan")
+                                        check_finite(out, "teacher_logits", where, label=f"teacher logits ({d} teacher)")
+                                        teacher_logits[rows] = out.float()
+                                loss, metrics = topk_reverse_kl(logits, teacher_logits, mask, k=int(method["top_k"]),
+                                                                aggregation=aggregation, normalizer=normalizer)
+                            if faults.poison("nan_loss", step):
+                                loss = loss + float("nan")
+                            check_finite(loss, "loss", where, label=f"{kind} loss")
+                        except NonFinite as e:
+                            err = e
+                        agree(err, where)
+                        # DDP averages the processes' gradients: scaled by their number, they add up instead.
+                        (loss * workers.world if workers.distributed else loss).backward()
+                    flops["train"] += 2 * F.forward_flops(student.config, batch, length, logits_positions=new + 1)
+                    loss_sum += loss.item()
+                    for name, value in metrics.items():
+                        metric_sums[name] = metric_sums.get(name, 0.0) + value
+                    tokens["prompt"] += int(attn[:, : ro.prompt_len].sum())
+                    tokens["completion"] += int(mask.sum())
+                    tokens["rollout_computed"] += int(ro.tokens_computed)
+                    tokens["train"] += batch * length
+                    tokens["teacher"] += batch * length if kind == "opd" else 0
+                    reward_sum += float(scored.rewards.sum())
+                    length_sum += sum(scored.response_lengths)
+                    n_seqs += batch
+
+                # 4. the update (skipped if the gradients are not finite; the norm is the same on every process)
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(method["grad_clip"]))
                 check_finite(grad_norm, "gradients", where, label="gradient norm")
                 optimizer.step()
                 faults.kill_point("update", step)
@@ -306,46 +388,55 @@ def _train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
                                     f"(train.max_nonfinite_skips: {max_skips}), {kept}", err.component) from None
                 streak += 1
                 skipped = err.component
-                log.warning("%s; step skipped without an update (%d in a row, at most %d)", err, streak, max_skips)
+                if main:
+                    log.warning("%s; step skipped without an update (%d in a row, at most %d)", err, streak, max_skips)
 
-            # 5. the ledger
+            # 5. the ledger: every process's FLOPs and tokens, summed
+            names = list(flops)
+            flops = dict(zip(names, workers.sum([flops[n] for n in names])))
             step_flops = sum(flops.values())
             cumulative += step_flops
             if skipped:
-                append_jsonl(ledger_path, {"step": step, "skipped": skipped, "flops": flops, "step_flops": step_flops,
-                                           "cumulative_flops": cumulative, "lr": optimizer.param_groups[0]["lr"],
-                                           "wall_s": round(time.time() - t0, 3)})
+                record = {"step": step, "skipped": skipped, "flops": flops, "step_flops": step_flops,
+                          "cumulative_flops": cumulative, "lr": optimizer.param_groups[0]["lr"],
+                          "wall_s": round(time.time() - t0, 3)}
             else:
-                append_jsonl(ledger_path, {
-                    "step": step,
-                    "tokens": {"prompt": int(attn[:, : ro.prompt_len].sum()),
-                               "completion": int(mask.sum()), "rollout_computed": int(ro.tokens_computed),
-                               "train": batch * length, "teacher": batch * length if kind == "opd" else 0},
-                    "flops": flops, "step_flops": step_flops, "cumulative_flops": cumulative,
-                    "reward": float(scored.rewards.mean()), "loss": loss.item(), "grad_norm": float(grad_norm),
-                    "mean_response_length": sum(scored.response_lengths) / batch,
-                    "metrics": metrics, "lr": optimizer.param_groups[0]["lr"], "wall_s": round(time.time() - t0, 3),
-                })
+                token_names, metric_names = list(tokens), sorted(metric_sums)
+                totals = workers.sum([*(tokens[n] for n in token_names), loss_sum, reward_sum, length_sum, n_seqs,
+                                      *(metric_sums[n] for n in metric_names)])
+                tokens = {n: int(v) for n, v in zip(token_names, totals)}
+                loss_total, reward_total, length_total, seq_total = totals[len(token_names):len(token_names) + 4]
+                metrics = {n: v / shards for n, v in zip(metric_names, totals[len(token_names) + 4:])}  # mean over shards
+                record = {"step": step, "tokens": tokens, "flops": flops, "step_flops": step_flops, "cumulative_flops": cumulative,
+                          "reward": reward_total / seq_total, "loss": loss_total, "grad_norm": float(grad_norm),
+                          "mean_response_length": length_total / seq_total, "metrics": metrics,
+                          "lr": optimizer.param_groups[0]["lr"], "wall_s": round(time.time() - t0, 3)}
+            if main:
+                append_jsonl(ledger_path, record)
             done_steps = step + 1
-            if done_steps % int(shared["checkpoint_every"]) == 0 or stop["signal"] is not None:
-                save_checkpoint(run_dir, student, tokenizer, optimizer, done_steps, cumulative, cfg_hash, nonfinite_streak=streak)
-            if stop["signal"] is not None:
+            stopping = workers.any(stop["signal"] is not None)
+            if done_steps % int(shared["checkpoint_every"]) == 0 or stopping:
+                checkpoint(done_steps)
+            if stopping:
                 raise Interrupted(f"run {cfg['run_id']}: signal {stop['signal']} after step {step}; checkpoint saved, rerun to resume")
 
         final = run_eval(steps)
-        save_checkpoint(run_dir, student, tokenizer, optimizer, steps, cumulative, cfg_hash, nonfinite_streak=streak)
+        checkpoint(steps)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
 
-    totals: dict[str, float] = {}
-    for record in read_jsonl(ledger_path):
-        for component, value in record["flops"].items():
-            totals[component] = totals.get(component, 0.0) + value
     summary = {"run": cfg["run_id"], "method": kind, "steps": steps, "cumulative_flops": cumulative,
-               "flops_by_component": totals, "final_eval": final["results"], "parameters": parameter_count(student),
-               "wall_s": round(time.time() - started, 1), "counted": True}
-    if subset_info:
-        summary["train_subset"] = subset_info
-    write_json(run_dir / "done.json", summary)
+               "final_eval": final["results"], "parameters": n_params,
+               "processes": workers.world, "wall_s": round(time.time() - started, 1), "counted": True}
+    if main:
+        totals: dict[str, float] = {}
+        for record in read_jsonl(ledger_path):
+            for component, value in record["flops"].items():
+                totals[component] = totals.get(component, 0.0) + value
+        summary = {**summary, "flops_by_component": totals}
+        if subset_info:
+            summary["train_subset"] = subset_info
+        write_json(run_dir / "done.json", summary)
+    workers.barrier()
     return summary

@@ -40,11 +40,26 @@ def job_resources(kind):
     """Cluster resources of one kind of job (conf `resources.<kind>`): runtime, mem_mb, cpus_per_task, gpu.
     gpu 0 asks for none; gpu > 0 adds the site's GPU model when the config names one (`--config gpu_model=h100`)."""
     res = dict(CFG.get("resources", {}).get(kind, {}))
+    res.pop("processes", None)
     if not res.get("gpu"):
         res.pop("gpu", None)
     elif config.get("gpu_model"):
         res["gpu_model"] = config["gpu_model"]
     return res
+
+
+def processes_per_run():
+    """Processes of one training run: `resources.train.processes`, else one per GPU the job asks for, else 1."""
+    res = CFG.get("resources", {}).get("train", {})
+    return int(res.get("processes") or res.get("gpu") or 1)
+
+
+# A training run with several processes starts them with torchrun inside its allocation (one node, a free port
+# per job); they share the run through torch.distributed (opdgrpo.distributed). `--config launch_cmd=...` replaces it.
+TRAIN_PROCS = processes_per_run()
+TRAIN_CMD = OPDGRPO if TRAIN_PROCS == 1 else config.get(
+    "launch_cmd", f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nnodes 1 "
+    f"--nproc_per_node {TRAIN_PROCS} -m opdgrpo.cli")
 
 
 # Jobs that only copy files run where Snakemake runs, never as cluster jobs.

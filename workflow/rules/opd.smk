@@ -17,4 +17,4 @@ rule opd:
     log:
         f"{LOGS}/{{run}}.log",
     shell:
-        "{OPDGRPO} train --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"
+        "{TRAIN_CMD} train --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"

@@ -6,6 +6,9 @@ from typing import Any, Mapping
 
 from .base import Domain, Task, heldout_overlap
 from .code import CodeDomain
+from .hub_choice import HubChoiceDomain
+from .hub_code import HubCodeDomain
+from .hub_ifeval import HubIFEvalDomain
 from .instructions import InstructionDomain
 from .knowledge import KnowledgeDomain
 from .math import MathDomain
@@ -15,6 +18,10 @@ KINDS = {
     "function_synthesis": CodeDomain,
     "instruction_following": InstructionDomain,
     "knowledge": KnowledgeDomain,
+    # paper scale: real data sets through `datasets`, real verifiers (domains/hub*.py)
+    "hub_choice": HubChoiceDomain,
+    "hub_code": HubCodeDomain,
+    "hub_ifeval": HubIFEvalDomain,
 }
 
 

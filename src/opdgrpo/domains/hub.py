@@ -60,6 +60,8 @@ class HubDomain:
     """
 
     name: str
+    #: Rows load in the jobs, not when the DAG is planned (config validation checks only the source blocks).
+    LAZY_POOLS = True
 
     def __init__(self, cfg: Mapping[str, Any]):
         self.cfg = cfg

@@ -1,0 +1,108 @@
+"""The base stage at paper scale: models and tokenizer come from the Hugging Face hub, already trained.
+
+A model block with ``source: hub`` names a hub id (``Qwen/Qwen3-4B-Base``) or a local directory in ``path``, and
+optionally a ``revision``. Its base job resolves that to a directory on disk (``huggingface_hub.snapshot_download``:
+the weights are fetched once into the shared hub cache, or taken from a local copy), links
+``base/<model>/checkpoint`` to it, and measures its held-out accuracy. Downstream runs then load
+``base/<model>/checkpoint`` exactly as they load a checkpoint the pipeline trained, so every later stage is the same
+code at every scale. Nothing here counts as post-training compute.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+#: Files a model or tokenizer directory needs (no optimizer states, no original PyTorch .bin when safetensors exist).
+MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+
+
+def resolve(path: str, revision: str | None = None, where: str = "path") -> Path:
+    """A local directory holding ``path`` (itself when it is one; else the hub snapshot, downloaded if missing)."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return local.resolve()
+    if local.is_absolute() or path.startswith("."):
+        raise ValueError(f"config key `{where}`: {path!r} is not a directory (a local model must be a directory "
+                         f"saved with save_pretrained; a hub id looks like 'Qwen/Qwen3-4B-Base')")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(path, revision=revision, allow_patterns=MODEL_FILES))
+    except Exception as err:
+        raise ValueError(f"config key `{where}`: cannot fetch {path!r} (revision {revision or 'main'}) from the hub: "
+                         f"{type(err).__name__}: {err}. Without network access, download it elsewhere and set "
+                         f"`{where}` to the local directory (or set HF_HUB_OFFLINE=1 with a filled hub cache)") from err
+
+
+def save_hub_tokenizer(spec: Mapping[str, Any], out_dir: Path) -> int:
+    """The run's tokenizer job at paper scale: the students' tokenizer, saved where every run reads it."""
+    from transformers import AutoTokenizer
+
+    source = resolve(str(spec["path"]), spec.get("revision"), "tokenizer.path")
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out_dir)
+    return len(tokenizer)
+
+
+def link_checkpoint(target: Path, out_dir: Path) -> Path:
+    """``out_dir/checkpoint`` -> ``target``, replaced atomically (a rerun after a new revision relinks it)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    link, tmp = out_dir / "checkpoint", out_dir / "checkpoint.link"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(target, tmp, target_is_directory=True)
+    if link.is_dir() and not link.is_symlink():
+        raise ValueError(f"{link} is a directory, not a link: it was made by another profile's pretraining; "
+                         f"use another `results_dir` for the paper profile")
+    os.replace(tmp, link)
+    return link
+
+
+def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """The base job of a ``source: hub`` model: resolve, link, evaluate held-out accuracy (not counted)."""
+    from .domains import build_domain
+    from .evaluation import evaluate, heldout_for
+    from .models import autocast, load_model, parameter_count
+    from .rollout import PromptFormat
+    from .runio import rewrite_jsonl, write_json, write_yaml
+    from .tokenizer import load_tokenizer
+
+    started = time.time()
+    torch.set_num_threads(int(cfg["threads"]))
+    model_cfg, name = cfg["model"], cfg["name"]
+    target = resolve(str(model_cfg["path"]), model_cfg.get("revision"), f"models.{name}.path")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_yaml(out_dir / "config.yaml", cfg)
+    checkpoint = link_checkpoint(target, out_dir)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, str(model_cfg.get("dtype") or "float32"))
+    model = load_model(checkpoint, dtype=dtype, trainable=False).to(device)
+    tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
+    domains = {d: build_domain(spec) for d, spec in cfg["domains"].items()}
+    ev = cfg["pretrain"]["eval"]
+    sampling = model_cfg.get("sampling") or {}
+    fmt = PromptFormat.from_config({**cfg.get("train", {}), **({"enable_thinking": sampling["enable_thinking"]}
+                                                               if "enable_thinking" in sampling else {})})
+    results, eval_flops = [], 0.0
+    if ev.get("max_prompts") != 0:
+        heldout = heldout_for(domains, sorted(domains), ev.get("max_prompts"))
+        with autocast(str(cfg["pretrain"].get("precision", "fp32")), device.type):
+            results, eval_flops = evaluate(model, tokenizer, domains, heldout, k=int(ev["k"]),
+                                           temperature=float(sampling.get("temperature", ev["temperature"])),
+                                           top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)),
+                                           max_new_tokens=int(sampling.get("max_new_tokens", ev.get("max_new_tokens", 48))),
+                                           batch_size=int(ev.get("batch_size", 64)), seed=int(cfg["seed"]), fmt=fmt)
+    rewrite_jsonl(out_dir / "evals.jsonl", [{"step": 0, "cumulative_flops": 0.0, "eval_flops": eval_flops, "results": results}])
+    summary = {"model": name, "source": "hub", "path": str(model_cfg["path"]), "revision": model_cfg.get("revision"),
+               "resolved": str(target), "parameters": parameter_count(model), "steps": 0, "counted": False,
+               "heldout": results, "wall_s": round(time.time() - started, 1)}
+    write_json(out_dir / "done.json", summary)
+    return summary

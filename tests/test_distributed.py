@@ -1,0 +1,107 @@
+"""Several processes per run: 2 CPU processes (gloo) compute the same steps as one process with the same shards.
+
+The step's prompts are cut into ``train.micro_batches`` shards; one process accumulates gradients over all of
+them, two processes take half each and DDP adds their gradients. Losses, FLOPs, tokens, rewards, gradient norms
+and the updated weights must agree.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from opdgrpo.runio import read_jsonl
+from opdgrpo.train import train
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(cfg: dict, run_dir: Path, processes: int) -> subprocess.CompletedProcess:
+    """What a multi-GPU job runs (workflow/rules: torchrun), here on CPU with the gloo backend."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(processes),
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           "-m", "opdgrpo.cli", "train", "--out", str(run_dir), "--config-json", json.dumps(cfg)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=540)
+
+
+def _config(plan, run_id: str, **train_overrides) -> dict:
+    cfg = copy.deepcopy(plan.jobs[run_id].config)
+    cfg["method"]["steps"] = 2
+    cfg["train"].update({"eval_every": 100, "checkpoint_every": 100, **train_overrides})
+    cfg["run_id"] = f"{run_id}-dist"
+    return cfg
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / "checkpoint" / "model.safetensors"))
+
+
+def _assert_same_steps(one: Path, two: Path) -> None:
+    a, b = read_jsonl(one / "ledger.jsonl"), read_jsonl(two / "ledger.jsonl")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1]
+    for ra, rb in zip(a, b):
+        assert ra["flops"] == rb["flops"] and ra["tokens"] == rb["tokens"]
+        assert ra["cumulative_flops"] == rb["cumulative_flops"]
+        assert ra["reward"] == rb["reward"]
+        assert ra["mean_response_length"] == rb["mean_response_length"]
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5, abs=1e-7)
+        assert ra["grad_norm"] == pytest.approx(rb["grad_norm"], rel=1e-5)
+    wa, wb = _weights(one), _weights(two)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+
+@pytest.fixture(scope="module")
+def knowing_student(smoke_world, tmp_path_factory) -> str:
+    """The smoke student pretrained 300 steps: it answers some knowledge questions, so GRPO has a reward signal."""
+    from opdgrpo.pretrain import pretrain
+
+    _, plan = smoke_world
+    job = copy.deepcopy(plan.jobs["base-student"].config)
+    job["model"]["pretrain"]["steps"] = 300
+    out = tmp_path_factory.mktemp("knowing") / "student"
+    pretrain(job, out)
+    return str(out / "checkpoint")
+
+
+@pytest.mark.parametrize("method, shards", [("grpo", 2), ("opd", 2), ("grpo", 4)])
+def test_two_gloo_processes_equal_one_process(smoke_world, knowing_student, tmp_path, method, shards):
+    _, plan = smoke_world
+    run_id = "grpo-student-knowledge-s0" if method == "grpo" else "opd-teacher_m-math-s0"
+    cfg = _config(plan, run_id, micro_batches=shards, precision="fp32")
+    cfg["student"]["path"] = knowing_student
+    one, two = tmp_path / "one", tmp_path / "two"
+    train(copy.deepcopy(cfg), one)
+    done = launch(cfg, two, processes=2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((two / "done.json").read_text())
+    assert summary["processes"] == 2
+    _assert_same_steps(one, two)
+    base = load_file(str(Path(cfg["student"]["path"]) / "model.safetensors"))
+    trained = _weights(two)
+    assert any(not torch.equal(base[n], trained[n]) for n in base), "the two-process run did not update the weights"
+
+
+def test_micro_batches_must_divide_the_step(smoke_world, tmp_path):
+    _, plan = smoke_world
+    cfg = _config(plan, "grpo-student-math-s0", micro_batches=3)
+    with pytest.raises(ValueError, match="train.micro_batches"):
+        train(cfg, tmp_path / "bad")
