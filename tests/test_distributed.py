@@ -105,3 +105,36 @@ def test_micro_batches_must_divide_the_step(smoke_world, tmp_path):
     cfg = _config(plan, "grpo-student-math-s0", micro_batches=3)
     with pytest.raises(ValueError, match="train.micro_batches"):
         train(cfg, tmp_path / "bad")
+
+
+def test_sigterm_to_torchrun_checkpoints_every_process_and_a_rerun_resumes(smoke_world, knowing_student, tmp_path):
+    """SLURM's warning signal reaches torchrun, which passes it to its processes: they agree to stop, checkpoint
+    together, and the rerun resumes with every step in the ledger exactly once."""
+    import signal
+    import time
+
+    _, plan = smoke_world
+    cfg = _config(plan, "grpo-student-knowledge-s0", micro_batches=2)
+    cfg["method"]["steps"] = 40
+    cfg["student"]["path"] = knowing_student
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           "-m", "opdgrpo.cli", "train", "--out", str(run_dir), "--config-json", json.dumps(cfg)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    ledger = run_dir / "ledger.jsonl"
+    deadline = time.time() + 300
+    while (not ledger.exists() or len(read_jsonl(ledger)) < 4) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    stopped_at = len(read_jsonl(ledger))
+    assert 4 <= stopped_at < 40 and (run_dir / "checkpoint" / "manifest.json").exists()
+    done = launch(cfg, run_dir, processes=2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [r["step"] for r in read_jsonl(ledger)]
+    assert steps == list(range(40))
+    flops = [r["cumulative_flops"] for r in read_jsonl(ledger)]
+    assert all(b > a for a, b in zip(flops, flops[1:]))

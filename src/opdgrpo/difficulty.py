@@ -29,7 +29,7 @@ import torch
 
 from .domains import Domain, Task, build_domain
 from .models import autocast, load_model
-from .rollout import sample_and_score
+from .rollout import PromptFormat, sample_and_score
 from .runio import write_json, write_yaml
 from .subsets import bin_by_rates
 from .tokenizer import load_tokenizer
@@ -37,15 +37,17 @@ from .tokenizer import load_tokenizer
 
 @torch.no_grad()
 def solve_rates(model, tokenizer, domain: Domain, tasks: Sequence[Task], *, k: int, temperature: float,
-                max_new_tokens: int, batch_size: int, seed: int) -> tuple[list[float], float]:
+                max_new_tokens: int, batch_size: int, seed: int, fmt: PromptFormat = PromptFormat(),
+                top_p: float = 1.0, top_k: int = 0) -> tuple[list[float], float]:
     """Per task, the share of ``k`` sampled completions the verifier rewards; plus the sampling FLOPs."""
     model.eval()
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     repeated = [t for t in tasks for _ in range(k)]
     rewards, flops = [], 0.0
     for start in range(0, len(repeated), batch_size):
         chunk = sample_and_score(model, tokenizer, {domain.name: domain}, repeated[start : start + batch_size],
-                                 max_new_tokens=max_new_tokens, temperature=temperature, generator=generator)
+                                 max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
+                                 fmt=fmt, top_p=top_p, top_k=top_k)
         rewards.append(chunk.rewards)
         flops += chunk.rollouts.flops
     per_task = torch.cat(rewards).view(len(tasks), k).mean(dim=1)
@@ -67,12 +69,24 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     tasks = random.Random(f"s2-pool-{cfg['seed']}").sample(pool, size)
     tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
     rates, flops = {}, {}
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    prompt_format = cfg.get("prompt_format") or {}
     for role in ("student", "teacher"):
-        model = load_model(cfg[role]["path"], trainable=False)
-        with autocast(str(rule.get("precision", "fp32"))):
+        # A model with its own sampling settings (a thinking teacher: temperature 0.6, top-p 0.95, top-k 20,
+        # thinking on) samples with them; otherwise at the rule's temperature from the full distribution.
+        sampling = cfg[role].get("sampling") or {}
+        fmt = PromptFormat.from_config({**prompt_format, **({"enable_thinking": sampling["enable_thinking"]}
+                                                           if "enable_thinking" in sampling else {})})
+        dtype = getattr(torch, str(cfg[role].get("dtype") or "float32"))
+        model = load_model(cfg[role]["path"], dtype=dtype, trainable=False).to(device)
+        with autocast(str(rule.get("precision", "fp32")), device.type):
             rates[role], flops[role] = solve_rates(
-                model, tokenizer, domain, tasks, k=int(rule["k"]), temperature=float(rule["temperature"]),
-                max_new_tokens=int(cfg["max_new_tokens"]), batch_size=int(rule["batch_size"]), seed=int(cfg["seed"]))
+                model, tokenizer, domain, tasks, k=int(rule["k"]),
+                temperature=float(sampling.get("temperature", rule["temperature"])),
+                top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)), fmt=fmt,
+                max_new_tokens=int(sampling.get("max_new_tokens", cfg["max_new_tokens"])),
+                batch_size=int(rule["batch_size"]), seed=int(cfg["seed"]))
+        del model
     bins = bin_by_rates([t.prompt for t in tasks], rates["student"], rates["teacher"],
                         int(rule["student_bins"]), int(rule["teacher_bins"]))
     subsets = {}

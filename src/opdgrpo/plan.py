@@ -162,11 +162,23 @@ class _Planner:
             rule = {k: s[k] for k in ("pool_size", "k", "temperature", "student_bins", "teacher_bins", "batch_size")}
             rule["precision"] = self.cfg["train"].get("precision", "fp32")
             cfg = {"domain": d, "domains": {d: self.cfg["domains"][d]}, "rule": rule, "tokenizer": self.tokenizer().out_dir,
-                   "student": {"path": f"{student.out_dir}/checkpoint"}, "teacher": {"path": f"{teacher.out_dir}/checkpoint"},
+                   "student": self._sampler(st, student), "teacher": self._sampler(t, teacher),
+                   "prompt_format": {k: self.cfg["train"][k] for k in ("chat_template", "enable_thinking", "stop_tokens")
+                                     if k in self.cfg["train"]},
                    "max_new_tokens": self.cfg["train"]["max_new_tokens"], "seed": 0, "threads": self.cfg["threads"]}
             self.jobs[job_id] = Job(job_id, "difficulty", f"{self.root}/difficulty/{job_id}", cfg,
                                     [self.tokenizer().id, student.id, teacher.id], label=job_id)
         return self.jobs[job_id]
+
+    def _sampler(self, model: str, base: Job) -> dict[str, Any]:
+        """A model that samples in a job: its checkpoint, and its own sampling settings and dtype where conf has them."""
+        entry: dict[str, Any] = {"path": f"{base.out_dir}/checkpoint"}
+        mcfg = self.cfg["models"][model]
+        if mcfg.get("sampling"):
+            entry["sampling"] = mcfg["sampling"]
+        if mcfg.get("source") == "hub" and mcfg.get("dtype"):
+            entry["dtype"] = mcfg["dtype"]
+        return entry
 
     def study_S2(self, s: dict[str, Any], seed: int) -> dict[str, Any]:
         d, t, st = s["domain"], s["teacher"], _student(s)
