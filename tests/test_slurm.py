@@ -254,3 +254,17 @@ def test_sigterm_checkpoints_and_a_rerun_resumes(slurm_and_local_dags):
     flops = [r["cumulative_flops"] for r in ledger]
     assert all(a < b for a, b in zip(flops, flops[1:]))
     assert json.loads((run_dir / "done.json").read_text())["cumulative_flops"] == flops[-1]
+
+
+def test_a_job_with_two_processes_runs_them_inside_its_allocation(slurm_and_local_dags):
+    """`resources.train.processes=2` (what gpu=2 gives on a GPU cluster): the rule starts 2 processes with torchrun
+    inside the one SLURM job, and they train one run together."""
+    workdir = slurm_and_local_dags[0]
+    run = "grpo-student-code-s0"
+    args = (f"results/smoke/runs/{run}/done.json", "--config", "profile=smoke",
+            "overrides=[methods.grpo.steps=3,resources.train.processes=2]")
+    done = subprocess.run(slurm_snakemake(workdir, *args), capture_output=True, text=True, timeout=700)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((workdir / "results" / "smoke" / "runs" / run / "done.json").read_text())
+    assert summary["processes"] == 2 and summary["steps"] == 3
+    assert [r["step"] for r in _ledger(workdir / "results" / "smoke" / "runs" / run)] == [0, 1, 2]

@@ -9,6 +9,7 @@ from .code import CodeDomain
 from .hub_choice import HubChoiceDomain
 from .hub_code import HubCodeDomain
 from .hub_ifeval import HubIFEvalDomain
+from .hub_math import HubMathDomain
 from .instructions import InstructionDomain
 from .knowledge import KnowledgeDomain
 from .math import MathDomain
@@ -22,6 +23,7 @@ KINDS = {
     "hub_choice": HubChoiceDomain,
     "hub_code": HubCodeDomain,
     "hub_ifeval": HubIFEvalDomain,
+    "hub_math": HubMathDomain,
 }
 
 
