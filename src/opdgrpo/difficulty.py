@@ -78,7 +78,8 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         fmt = PromptFormat.from_config({**prompt_format, **({"enable_thinking": sampling["enable_thinking"]}
                                                            if "enable_thinking" in sampling else {})})
         dtype = getattr(torch, str(cfg[role].get("dtype") or "float32"))
-        model = load_model(cfg[role]["path"], dtype=dtype, trainable=False).to(device)
+        model = load_model(cfg[role]["path"], dtype=dtype, trainable=False,
+                           attn_implementation=str(cfg[role].get("attn_implementation") or "eager")).to(device)
         with autocast(str(rule.get("precision", "fp32")), device.type):
             rates[role], flops[role] = solve_rates(
                 model, tokenizer, domain, tasks, k=int(rule["k"]),

@@ -84,7 +84,8 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     checkpoint = link_checkpoint(target, out_dir)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, str(model_cfg.get("dtype") or "float32"))
-    model = load_model(checkpoint, dtype=dtype, trainable=False).to(device)
+    model = load_model(checkpoint, dtype=dtype, trainable=False,
+                       attn_implementation=str(model_cfg.get("attn_implementation") or "eager")).to(device)
     tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
     domains = {d: build_domain(spec) for d, spec in cfg["domains"].items()}
     ev = cfg["pretrain"]["eval"]

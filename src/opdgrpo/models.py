@@ -31,9 +31,21 @@ def build_model(arch: Mapping[str, Any], vocab_size: int, pad_token_id: int, eos
     return model
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32, trainable: bool = True) -> PreTrainedModel:
-    """Load a checkpoint directory (ours or a hub id at paper scale) with eager attention."""
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="eager")
+ATTENTION = ("eager", "sdpa", "flash_attention_2")
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, trainable: bool = True,
+               attn_implementation: str = "eager") -> PreTrainedModel:
+    """Load a checkpoint directory (ours, or a linked hub snapshot at paper scale).
+
+    Eager attention by default: ``FlopCounterMode`` checks the ledger against it exactly. The ledger's FLOPs are
+    analytic, so another kernel changes no count; at paper scale ``sdpa`` (or ``flash_attention_2``) is needed
+    because eager attention materialises every (query, key) score: 8k-token sequences would need tens of GB each.
+    """
+    if attn_implementation not in ATTENTION:
+        raise ValueError(f"attention implementation must be one of {list(ATTENTION)}, got {attn_implementation!r} "
+                         f"(config key `train.attn_implementation` or `models.<name>.attn_implementation`)")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=attn_implementation)
     model.train(trainable)
     if not trainable:
         model.requires_grad_(False)

@@ -176,8 +176,8 @@ class _Planner:
         mcfg = self.cfg["models"][model]
         if mcfg.get("sampling"):
             entry["sampling"] = mcfg["sampling"]
-        if mcfg.get("source") == "hub" and mcfg.get("dtype"):
-            entry["dtype"] = mcfg["dtype"]
+        if mcfg.get("source") == "hub":
+            entry.update({k: mcfg[k] for k in ("dtype", "attn_implementation") if mcfg.get(k)})
         return entry
 
     def study_S2(self, s: dict[str, Any], seed: int) -> dict[str, Any]:

@@ -200,7 +200,8 @@ def _train(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> dict[str, An
     if state is None and main:
         clear_run(run_dir)
     param_dtype = getattr(torch, str(shared.get("param_dtype", "float32")))
-    student = load_model(ckpt if state else cfg["student"]["path"], dtype=param_dtype).to(device)
+    attention = str(shared.get("attn_implementation", "eager"))
+    student = load_model(ckpt if state else cfg["student"]["path"], dtype=param_dtype, attn_implementation=attention).to(device)
     teachers: dict[str, torch.nn.Module] = {}
     if kind == "opd":
         loaded: dict[str, torch.nn.Module] = {}  # one teacher per domain (check_run_inputs: same tokenizer as the student)
@@ -208,7 +209,8 @@ def _train(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> dict[str, An
             path = cfg["teachers"][d]["path"]
             teacher_dtype = getattr(torch, str(cfg["teachers"][d].get("dtype") or shared.get("teacher_dtype", "float32")))
             if path not in loaded:
-                loaded[path] = load_model(path, dtype=teacher_dtype, trainable=False).eval().to(device)
+                loaded[path] = load_model(path, dtype=teacher_dtype, trainable=False,
+                                          attn_implementation=attention).eval().to(device)
             teachers[d] = loaded[path]
     optimizer = torch.optim.AdamW(student.parameters(), lr=float(method["lr"]), betas=tuple(method["betas"]),
                                   weight_decay=float(method["weight_decay"]))
