@@ -56,8 +56,22 @@ def versions() -> dict[str, str]:
     return found
 
 
+def commit() -> str:
+    """The checkout's commit (``+`` when it has uncommitted changes), so a figure names the code it measured."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head or "unknown") + ("+" if dirty else "")
+
+
 def machine_line(threads: int, device: str = "cpu") -> str:
-    """One markdown line naming the date, the machine and the software, for the README."""
+    """One markdown line naming the date, the machine, the software and the commit, for the README."""
     where = f"{os.cpu_count()} CPUs ({cpu_model()})"
     if device != "cpu":
         import torch
@@ -65,7 +79,7 @@ def machine_line(threads: int, device: str = "cpu") -> str:
         where += f", {torch.cuda.get_device_name(0)}"
     soft = ", ".join(f"{k} {v}" for k, v in versions().items())
     date = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
-    return f"{date}; {where}; torch threads {threads}; {soft}"
+    return f"{date}; commit {commit()}; {where}; torch threads {threads}; {soft}"
 
 
 def set_threads(threads: int) -> None:
