@@ -317,3 +317,22 @@ def compare(results: dict[str, list[dict]], labels: dict[str, str], batch: int) 
         rows.append([label, len(secs), f"{s:.3f}", spread(secs), f"{t / batch:.1f}", f"{t / s:,.0f}", f"{batch / s:,.0f}"])
     headers = ["trainer", "timed steps", "s/step (median)", "range", "completion tokens/seq", "tokens/s", "seqs/s"]
     return table(headers, rows), summary
+
+
+def paired_ratios(slow: list[dict], fast: list[dict], per_block: int) -> list[float]:
+    """``slow`` s/step over ``fast`` s/step, block by block (the blocks ran next to each other, so each ratio saw
+    about the same load on the shared machine); medians within a block."""
+    blocks = min(len(slow), len(fast)) // per_block
+    return [median(r["seconds"] for r in slow[i * per_block:(i + 1) * per_block])
+            / median(r["seconds"] for r in fast[i * per_block:(i + 1) * per_block]) for i in range(blocks)]
+
+
+def ratio_line(summary: dict[str, dict], results: dict[str, list[dict]], per_block: int) -> tuple[str, dict[str, Any]]:
+    """The headline: ours over TRL as a ratio of medians, and the median of the per-block ratios with their range."""
+    ratio = summary["trl"]["s_per_step"] / summary["ours"]["s_per_step"]
+    tok_ratio = summary["ours"]["tokens_per_s"] / summary["trl"]["tokens_per_s"]
+    blocks = paired_ratios(results["trl"], results["ours"], per_block)
+    line = (f"**ours / TRL: {ratio:.2f}x step throughput (ratio of median s/step), {tok_ratio:.2f}x completion "
+            f"tokens/s; per interleaved block pair: median {median(blocks):.2f}x (range {spread(blocks)}, "
+            f"{len(blocks)} pairs)**")
+    return line, {"ratio": ratio, "token_ratio": tok_ratio, "block_ratios": blocks}

@@ -33,7 +33,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=32, help="completion cap (tiny profile: 32)")
     p.add_argument("--lr", type=float, default=2e-4, help="AdamW learning rate (tiny profile's GRPO: 2e-4)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16",
-                   help="bf16 autocast for both (the tiny profile's train.precision; TRL: bf16=True, which autocasts its generation and training forwards on CPU too) or fp32 for both")
+                   help="bf16 autocast for both (the tiny profile's train.precision; TRL: bf16=True, which on CPU "
+                        "autocasts its generation and training forwards too) or fp32 for both")
     p.add_argument("--threads", type=int, default=1, help="torch threads for both (tiny profile: 1 per job)")
     p.add_argument("--rounds", type=int, default=5, help="blocks per trainer")
     p.add_argument("--steps", type=int, default=4, help="steps per block; the first of each is a warm-up")
@@ -121,17 +122,16 @@ def main() -> None:
 
     batch = args.prompts * args.group
     text, summary = common.compare(results, {"ours": "ours (opdgrpo.train)", "trl": f"TRL {trl.__version__} GRPOTrainer"}, batch)
-    ratio = summary["trl"]["s_per_step"] / summary["ours"]["s_per_step"]
-    tok_ratio = summary["ours"]["tokens_per_s"] / summary["trl"]["tokens_per_s"]
+    line, ratios = common.ratio_line(summary, results, args.steps - 1)
     print(f"### GRPO step: ours vs TRL ({common.machine_line(args.threads)})\n")
     print(f"student: {world.source}; {args.prompts} prompts x {args.group} completions = {batch} sequences per step, "
           f"max {args.max_new_tokens} new tokens, {args.precision}, {args.threads} thread(s); medians of "
           f"{args.rounds} interleaved blocks x {args.steps - 1} timed steps\n")
     print(text)
-    print(f"\n**ours / TRL: {ratio:.2f}x step throughput (s/step), {tok_ratio:.2f}x completion tokens/s**")
+    print(f"\n{line}")
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "summary": summary, "ratio": ratio,
-                                         "token_ratio": tok_ratio, "raw": results}, indent=1, default=str))
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "summary": summary, **ratios,
+                                         "raw": results}, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -67,12 +67,17 @@ def main() -> None:
     common.set_threads(args.threads)
     scratch = Path(tempfile.mkdtemp(prefix="bench-mfu-"))
 
-    peaks = {}
     n = args.peak_size
-    for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        secs = timed(lambda: torch.mm(a, b), args.reps)
-        peaks[precision] = 2 * n**3 / common.median(secs)
+    mats = {p: (torch.randn(n, n, dtype=d), torch.randn(n, n, dtype=d))
+            for p, d in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+    peak_log: dict[str, list[float]] = {"fp32": [], "bf16": []}
+
+    def peak(precision: str) -> float:
+        """The matmul FLOP/s now: the median of ``--reps`` multiplies (the machine is shared, so it moves)."""
+        a, b = mats[precision]
+        value = 2 * n**3 / common.median(timed(lambda: torch.mm(a, b), args.reps))
+        peak_log[precision].append(value)
+        return value
 
     world = common.load_world(args.world, sorted(set(args.models) | {"student", "teacher_l"}), scratch)
     tokenizer = load_tokenizer(world.tokenizer)
@@ -82,13 +87,17 @@ def main() -> None:
     prompts = [p for p in prompts for _ in range(8)]
     rows, records = [], []
 
-    def add(workload: str, model: str, precision: str, flops: float, secs: list[float]) -> None:
-        s = common.median(secs)
+    def add(workload: str, model: str, precision: str, measure) -> None:
+        """Run ``measure`` (returns FLOPs and seconds) between two peak measurements of its precision: the MFU
+        divides by their mean, so workload and peak saw the same load on the shared machine."""
+        before = peak(precision)
+        flops, s = measure()
+        ceiling = (before + peak(precision)) / 2
         achieved = flops / s
         records.append({"workload": workload, "model": model, "precision": precision, "flops": flops, "seconds": s,
-                        "achieved": achieved, "peak": peaks[precision], "mfu": achieved / peaks[precision]})
+                        "achieved": achieved, "peak": ceiling, "mfu": achieved / ceiling})
         rows.append([workload, model, precision, f"{flops:.3g}", f"{s:.3f}", f"{achieved / 1e9:.1f}",
-                     f"{peaks[precision] / 1e9:.1f}", f"{100 * achieved / peaks[precision]:.1f}%"])
+                     f"{ceiling / 1e9:.1f}", f"{100 * achieved / ceiling:.1f}%"])
 
     for role in args.models:
         for precision in args.precisions:
@@ -103,8 +112,8 @@ def main() -> None:
                 logits.float().logsumexp(-1).mean().backward()
                 optimizer.step()
 
-            add("train pass (fwd+bwd+AdamW)", role, precision, F.train_flops(model.config, args.batch, args.length),
-                timed(train_pass, args.reps))
+            add("train pass (fwd+bwd+AdamW)", role, precision,
+                lambda: (F.train_flops(model.config, args.batch, args.length), common.median(timed(train_pass, args.reps))))
             model.eval()
             reported = {}
 
@@ -114,8 +123,11 @@ def main() -> None:
                                  pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))
                 reported["flops"] = out.flops
 
-            secs = timed(rollout, args.reps)  # the same seed each time: the same tokens, the same FLOPs
-            add(f"rollout ({len(prompts)} seqs, sampler)", role, precision, reported["flops"], secs)
+            def rollouts() -> tuple[float, float]:
+                seconds = common.median(timed(rollout, args.reps))
+                return reported["flops"], seconds  # the same seed every time: the same tokens, the same FLOPs
+
+            add(f"rollout ({len(prompts)} seqs, sampler)", role, precision, rollouts)
 
     if args.trainer_steps > 1:
         for kind in ("grpo", "opd"):
@@ -123,22 +135,28 @@ def main() -> None:
                 "threads": args.threads, "train.eval_every": 10**6, "train.checkpoint_every": 10**6,
                 "train.eval": {"k": 1, "temperature": 1.0, "batch_size": 64},
                 "domains.math.heldout.amc.size": 4, "domains.math.heldout.aime.size": 4})
-            steps = common.ours_block(run_cfg, args.trainer_steps, scratch)[1:]
-            # The timed steps together: their FLOPs over their time (steps differ in length, so no median).
-            flops = sum(r["flops"] for r in steps) / len(steps)
+
+            def trainer_steps() -> tuple[float, float]:
+                # The timed steps together: their FLOPs over their time (steps differ in length, so no median).
+                steps = common.ours_block(run_cfg, args.trainer_steps, scratch)[1:]
+                return sum(r["flops"] for r in steps) / len(steps), sum(r["seconds"] for r in steps) / len(steps)
+
             label = (f"{kind.upper()} step, our trainer ({run_cfg['train']['prompts_per_step']} prompts x "
                      f"{run_cfg['method'].get('group_size') or run_cfg['method'].get('rollouts_per_prompt')})")
             who = "student" + (" + teacher_l" if kind == "opd" else "")
-            add(label, who, run_cfg["train"]["precision"], flops, [sum(r["seconds"] for r in steps) / len(steps)])
+            add(label, who, run_cfg["train"]["precision"], trainer_steps)
 
     print(f"### MFU ({common.machine_line(args.threads)})\n")
-    print(f"models: {world.source}; peak: median of {args.reps} {n}^3 matmuls; workloads: median of {args.reps} "
-          f"repetitions after a warm-up (trainer steps: the FLOPs of {max(args.trainer_steps - 1, 0)} steps after a warm-up over their wall time, the ledger's `wall_s`)\n")
-    print(common.table(["", "GFLOP/s"], [[f"matmul peak {p}", f"{v / 1e9:.1f}"] for p, v in peaks.items()]))
+    print(f"models: {world.source}; peak: median of {args.reps} {n}^3 matmuls right before and after each workload "
+          f"(their mean is the row's peak); workloads: median of {args.reps} repetitions after a warm-up (trainer "
+          f"steps: the FLOPs of {max(args.trainer_steps - 1, 0)} steps after a warm-up over their ledger `wall_s`)\n")
+    print(common.table(["matmul peak", "measurements", "median GFLOP/s", "range"],
+                       [[p, len(v), f"{common.median(v) / 1e9:.1f}", f"{min(v) / 1e9:.1f}-{max(v) / 1e9:.1f}"]
+                        for p, v in peak_log.items() if v]))
     print()
     print(common.table(["workload", "model", "precision", "FLOPs", "s (median)", "achieved GFLOP/s", "peak GFLOP/s", "MFU"], rows))
     if args.json:
-        args.json.write_text(json.dumps({"peaks": peaks, "workloads": records}, indent=1))
+        args.json.write_text(json.dumps({"peaks": peak_log, "workloads": records}, indent=1))
 
 
 if __name__ == "__main__":

@@ -141,8 +141,7 @@ def main() -> None:
 
     text, summary = common.compare(results, {"ours": f"ours (opdgrpo.train, top-{args.top_k} reverse KL)",
                                              "trl": f"TRL {trl.__version__} DistillationTrainer (beta=1, full-vocab reverse KL)"}, batch)
-    ratio = summary["trl"]["s_per_step"] / summary["ours"]["s_per_step"]
-    tok_ratio = summary["ours"]["tokens_per_s"] / summary["trl"]["tokens_per_s"]
+    line, ratios = common.ratio_line(summary, results, args.steps - 1)
     print(f"### OPD step: ours vs TRL ({common.machine_line(args.threads)})\n")
     print(f"student and {args.teacher}: {world.source}; {args.prompts} prompts x {args.rollouts} completions = {batch} "
           f"sequences per step, max {args.max_new_tokens} new tokens, {args.precision}, {args.threads} thread(s); "
@@ -150,10 +149,10 @@ def main() -> None:
           + ("; TRL's loss forwards wrapped in bf16 autocast like ours" if autocast_fix else
              "; TRL as is (its loss forwards in fp32)" if args.precision == "bf16" else "") + "\n")
     print(text)
-    print(f"\n**ours / TRL: {ratio:.2f}x step throughput (s/step), {tok_ratio:.2f}x completion tokens/s**")
+    print(f"\n{line}")
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "summary": summary, "ratio": ratio,
-                                         "token_ratio": tok_ratio, "raw": results}, indent=1, default=str))
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "summary": summary, **ratios,
+                                         "raw": results}, indent=1, default=str))
 
 
 if __name__ == "__main__":
