@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -146,6 +147,7 @@ def main() -> None:
             who = "student" + (" + teacher_l" if kind == "opd" else "")
             add(label, who, run_cfg["train"]["precision"], trainer_steps)
 
+    shutil.rmtree(scratch, ignore_errors=True)
     print(f"### MFU ({common.machine_line(args.threads)})\n")
     print(f"models: {world.source}; peak: median of {args.reps} {n}^3 matmuls right before and after each workload "
           f"(their mean is the row's peak); workloads: median of {args.reps} repetitions after a warm-up (trainer "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -110,6 +111,7 @@ def main() -> None:
         summary[role]["round_ratios"] = [(o["tokens"] / o["seconds"]) / (g["tokens"] / g["seconds"])
                                          for o, g in zip(kept["ours"], kept["generate"])]
 
+    shutil.rmtree(scratch, ignore_errors=True)
     print(f"### Rollouts: our sampler vs model.generate ({common.machine_line(args.threads, args.device)})\n")
     print(f"models: {world.source}; {args.prompts} prompts x {args.group} = {len(prompts)} sequences, max "
           f"{args.max_new_tokens} new tokens, temperature 1, top_k 0, top_p 1, {args.precision}, {args.device}; "
