@@ -7,6 +7,11 @@ they cost nothing afterwards; padding inside the prompt block *is* computed and 
 
 By default tokens come from the model's full distribution (temperature 1, no top-k / top-p truncation), as
 on-policy training needs; ``temperature=0`` is greedy decoding.
+
+The loop never recomputes a prefix (each decode step feeds one token per running row against the cache) and stops
+as soon as every row has ended. The cache is :func:`~opdgrpo.inference.sampling_cache` and attention runs through
+:func:`~opdgrpo.inference.fast_attention`: bit for bit what ``DynamicCache`` and eager attention give, with less
+copying (see :mod:`opdgrpo.inference`).
 """
 
 from __future__ import annotations
@@ -16,9 +21,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-from transformers import DynamicCache
-
 from opdgrpo import flops as flop_formulas
+from opdgrpo.inference import fast_attention, sampling_cache
 
 
 @dataclass
@@ -49,7 +53,9 @@ def _choose(
     """Pick one token per row from ``logits`` (rows x vocab)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    if temperature != 1.0:  # x / 1.0 is x, bit for bit: skip the pass
+        logits = logits / temperature
     if top_k > 0 and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -64,7 +70,6 @@ def _choose(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-@torch.no_grad()
 def sample(
     model: torch.nn.Module,
     prompts: list[list[int]],
@@ -79,7 +84,7 @@ def sample(
 ) -> Rollouts:
     """Sample up to ``max_new_tokens`` tokens after each prompt; a row stops at its first EOS.
 
-    Deterministic for a given ``generator`` state (and the same model, prompts and settings). The model is used
+    Runs without gradients. Deterministic for a given ``generator`` state (and the same model, prompts and settings). The model is used
     as is: put it in eval mode if it has dropout. ``generator`` must live on the model's device. Use float32 or
     bfloat16 weights: in transformers 5.24 eager attention turns left-padded rows into NaN in float64.
     """
@@ -90,7 +95,6 @@ def sample(
     if temperature < 0:
         raise ValueError("temperature must be >= 0")
 
-    config = model.config
     device = next(model.parameters()).device
     stop_ids = [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
     if not stop_ids:
@@ -98,14 +102,22 @@ def sample(
     stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
     batch, prompt_len = len(prompts), max(len(p) for p in prompts)
 
-    input_ids = torch.full((batch, prompt_len), pad_token_id, dtype=torch.long, device=device)
-    prompt_mask = torch.zeros((batch, prompt_len), dtype=torch.long, device=device)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, prompt_len - len(prompt) :] = torch.tensor(prompt, dtype=torch.long, device=device)
-        prompt_mask[row, prompt_len - len(prompt) :] = 1
-    position_ids = (prompt_mask.cumsum(dim=-1) - 1).clamp(min=0)
+    # Left padding, built as one list: one tensor per row cost a call per prompt.
+    input_ids = torch.tensor([[pad_token_id] * (prompt_len - len(p)) + list(p) for p in prompts], dtype=torch.long, device=device)
+    prompt_mask = torch.tensor([[0] * (prompt_len - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long, device=device)
 
-    cache = DynamicCache(config=config)
+    with torch.no_grad(), fast_attention(model):
+        return _sample_loop(model, input_ids, prompt_mask, stops, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
+                            temperature=temperature, top_p=top_p, top_k=top_k, generator=generator)
+
+
+def _sample_loop(model, input_ids: torch.Tensor, prompt_mask: torch.Tensor, stops: torch.Tensor, *, max_new_tokens: int,
+                 pad_token_id: int, temperature: float, top_p: float, top_k: int, generator) -> Rollouts:
+    config = model.config
+    batch, prompt_len = input_ids.shape
+    device = input_ids.device
+    position_ids = (prompt_mask.cumsum(dim=-1) - 1).clamp(min=0)
+    cache = sampling_cache(config)
     cache_kw = _cache_kwarg(model)
     out = model(
         input_ids=input_ids,
@@ -154,10 +166,9 @@ def sample(
     # True up to and including the first EOS: no EOS strictly before this position.
     completion_mask = (is_eos.long().cumsum(dim=-1) - is_eos.long()) == 0
     generated = generated.masked_fill(~completion_mask, pad_token_id)
-    completions = [
-        [t for t, keep in zip(row.tolist(), keep_row.tolist()) if keep and t not in stop_ids]
-        for row, keep_row in zip(generated, completion_mask)
-    ]
+    # A row's completion is everything before its first stop token: the masked positions, less the stop if it ended.
+    lengths = (completion_mask.sum(dim=-1) - (completion_mask & is_eos).sum(dim=-1)).tolist()
+    completions = [row[:n] for row, n in zip(generated.tolist(), lengths)]
     return Rollouts(
         sequences=torch.cat([input_ids, generated], dim=-1),
         attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=-1),
