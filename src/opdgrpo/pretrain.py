@@ -42,14 +42,18 @@ def demonstration_batch(tokenizer, domains, thinking_fraction: float, batch_size
     """
     names = sorted(domains)
     weights = [float(getattr(domains[n], "cfg", {}).get("pretrain_weight", 1.0)) for n in names]
-    rows, labels = [], []
-    for _ in range(batch_size):
+    prompts, answers = [], []
+    for _ in range(batch_size):   # the draws first, in the order they always had; then one tokenizer call per side
         domain = domains[rng.choices(names, weights)[0]]
         task = domain.pretraining_task(rng)
         style = "thinking" if rng.random() < thinking_fraction else "brief"
-        prompt = tokenizer(task.prompt, add_special_tokens=False)["input_ids"]
-        answer = tokenizer(domain.demonstration(task, style), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append(prompt + answer)
+        prompts.append(task.prompt)
+        answers.append(domain.demonstration(task, style))
+    rows, labels = [], []
+    encoded = zip(tokenizer(prompts, add_special_tokens=False)["input_ids"], tokenizer(answers, add_special_tokens=False)["input_ids"])
+    for prompt, answer in encoded:
+        answer = list(answer) + [tokenizer.eos_token_id]
+        rows.append(list(prompt) + answer)
         labels.append([-100] * len(prompt) + answer)
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id
