@@ -47,8 +47,9 @@ def _cli(cfg, run_dir: Path, fault: str | None = None) -> subprocess.CompletedPr
 
 
 def _outcome(run_dir: Path) -> dict:
-    """Everything a run leaves that must not depend on interruptions (wall-clock times aside)."""
-    ledger = [{k: v for k, v in r.items() if k != "wall_s"} for r in read_jsonl(run_dir / "ledger.jsonl")]
+    """Everything a run leaves that must not depend on interruptions (wall-clock times and rates aside)."""
+    clock = {"wall_s", "achieved_flops_per_s"}
+    ledger = [{k: v for k, v in r.items() if k not in clock} for r in read_jsonl(run_dir / "ledger.jsonl")]
     done = json.loads((run_dir / "done.json").read_text())
     return {"ledger": ledger, "evals": read_jsonl(run_dir / "evals.jsonl"),
             "done": {k: done[k] for k in ("cumulative_flops", "flops_by_component", "final_eval", "steps")}}

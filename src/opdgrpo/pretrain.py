@@ -20,6 +20,7 @@ from . import flops as flop_formulas
 from .domains import build_domain
 from .evaluation import evaluate, heldout_for
 from .models import autocast, build_model, parameter_count
+from .peak import matmul_dtype, matmul_peak
 from .runio import append_jsonl, rewrite_jsonl, write_json, write_yaml
 from .tokenizer import load_tokenizer
 
@@ -79,9 +80,11 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     model = build_model(model_cfg, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed=int(cfg["seed"]))
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(pre["lr"]), betas=(0.9, 0.95), weight_decay=0.01)
     rng = random.Random(f"pretrain-{cfg['name']}-{cfg['seed']}")
-    total_flops = 0.0
+    total_flops, loop_wall = 0.0, 0.0
+    peak = matmul_peak(matmul_dtype(pre.get("precision", "fp32")))   # MFU's denominator, measured before the loop
     model.train()
     for step in range(steps):
+        t0 = time.time()
         scale = lr_at(step, steps, int(pre["warmup_steps"]), float(pre["min_lr_ratio"]))
         for group in optimizer.param_groups:
             group["lr"] = float(pre["lr"]) * scale
@@ -94,9 +97,13 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         optimizer.step()
         step_flops = flop_formulas.train_flops(model.config, *input_ids.shape)
         total_flops += step_flops
+        loss_value = loss.item()
+        wall = max(time.time() - t0, 1e-9)
+        loop_wall += wall
         if step % int(pre["log_every"]) == 0 or step == steps - 1:
-            append_jsonl(ledger_path, {"step": step, "loss": loss.item(), "flops": {"train": step_flops},
-                                       "cumulative_flops": total_flops, "counted": False})
+            append_jsonl(ledger_path, {"step": step, "loss": loss_value, "flops": {"train": step_flops},
+                                       "cumulative_flops": total_flops, "counted": False, "wall_s": round(wall, 3),
+                                       "achieved_flops_per_s": step_flops / wall})
     eval_cfg = pre["eval"]
     heldout = heldout_for(domains, sorted(domains), eval_cfg.get("max_prompts"))
     with autocast(pre.get("precision", "fp32")):
@@ -110,6 +117,9 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         "model": cfg["name"], "thinking_fraction": thinking, "steps": steps, "parameters": parameter_count(model),
         "pretrain_flops": total_flops, "counted": False, "final_loss": loss.item(), "heldout": results,
         "wall_s": round(time.time() - started, 1),
+        # Achieved training FLOP/s of the pretraining loop (its final evaluation excluded) and MFU against the peak.
+        "train_wall_s": round(loop_wall, 3), "achieved_flops_per_s": total_flops / loop_wall if loop_wall else None,
+        "mfu": total_flops / loop_wall / peak["flops_per_s"] if loop_wall else None, "peak": {**peak, "processes": 1},
     }
     write_json(out_dir / "done.json", summary)
     return summary

@@ -35,6 +35,7 @@ from .evaluation import evaluate, heldout_for
 from .inference import fast_attention
 from .losses import aggregation_count, group_advantages, grpo_loss, token_logprobs, topk_reverse_kl
 from .models import autocast, load_model, parameter_count
+from .peak import matmul_dtype, matmul_peak, mfu_summary
 from .rollout import PromptFormat, sample_and_score
 from .runio import IN_DOMAIN_SET, append_jsonl, keep_records, read_jsonl, write_json, write_yaml
 from .tokenizer import load_tokenizer
@@ -216,6 +217,8 @@ def _train(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> dict[str, An
     optimizer = torch.optim.AdamW(student.parameters(), lr=float(method["lr"]), betas=tuple(method["betas"]),
                                   weight_decay=float(method["weight_decay"]))
     n_params = parameter_count(student)
+    # The denominator of MFU, measured once per process before any step (never inside a step's wall time).
+    peak = matmul_peak(matmul_dtype(precision, param_dtype), device)
     model, optimizer = workers.prepare(student, optimizer)   # DDP/FSDP wrapper when several processes share the run
     if state:
         workers.load_optimizer_state(model, optimizer, state["optimizer"])
@@ -401,9 +404,10 @@ def _train(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> dict[str, An
             step_flops = sum(flops.values())
             cumulative += step_flops
             if skipped:
+                wall = max(time.time() - t0, 1e-9)
                 record = {"step": step, "skipped": skipped, "flops": flops, "step_flops": step_flops,
                           "cumulative_flops": cumulative, "lr": optimizer.param_groups[0]["lr"],
-                          "wall_s": round(time.time() - t0, 3)}
+                          "wall_s": round(wall, 3), "achieved_flops_per_s": step_flops / wall}
             else:
                 token_names, metric_names = list(tokens), sorted(metric_sums)
                 totals = workers.sum([*(tokens[n] for n in token_names), loss_sum, reward_sum, length_sum, n_seqs,
@@ -411,10 +415,12 @@ def _train(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> dict[str, An
                 tokens = {n: int(v) for n, v in zip(token_names, totals)}
                 loss_total, reward_total, length_total, seq_total = totals[len(token_names):len(token_names) + 4]
                 metrics = {n: v / shards for n, v in zip(metric_names, totals[len(token_names) + 4:])}  # mean over shards
+                wall = max(time.time() - t0, 1e-9)
                 record = {"step": step, "tokens": tokens, "flops": flops, "step_flops": step_flops, "cumulative_flops": cumulative,
                           "reward": reward_total / seq_total, "loss": loss_total, "grad_norm": float(grad_norm),
                           "mean_response_length": length_total / seq_total, "metrics": metrics,
-                          "lr": optimizer.param_groups[0]["lr"], "wall_s": round(time.time() - t0, 3)}
+                          "lr": optimizer.param_groups[0]["lr"], "wall_s": round(wall, 3),
+                          "achieved_flops_per_s": step_flops / wall}   # training FLOP/s of this step (all processes)
             if main:
                 append_jsonl(ledger_path, record)
             done_steps = step + 1
@@ -435,10 +441,12 @@ def _train(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> dict[str, An
                "processes": workers.world, "wall_s": round(time.time() - started, 1), "counted": True}
     if main:
         totals: dict[str, float] = {}
-        for record in read_jsonl(ledger_path):
+        ledger = read_jsonl(ledger_path)
+        for record in ledger:
             for component, value in record["flops"].items():
                 totals[component] = totals.get(component, 0.0) + value
-        summary = {**summary, "flops_by_component": totals}
+        # Mean achieved training FLOP/s over the steps' wall time (evaluation excluded) and MFU against the peak.
+        summary = {**summary, "flops_by_component": totals, **mfu_summary(ledger, peak, workers.world)}
         if subset_info:
             summary["train_subset"] = subset_info
         write_json(run_dir / "done.json", summary)

@@ -11,6 +11,7 @@ REPORT_OUTPUTS = [
     f"{REPORT_DIR}/claims.md",
     f"{REPORT_DIR}/base_models.md",
     f"{REPORT_DIR}/constraints.md",
+    f"{REPORT_DIR}/mfu.md",
     *REPORT_FIGURES,
 ]
 
@@ -27,6 +28,7 @@ rule report:
         report(f"{REPORT_DIR}/claims.md", category="Tables", caption="../report/claims.rst"),
         f"{REPORT_DIR}/base_models.md",
         f"{REPORT_DIR}/constraints.md",
+        f"{REPORT_DIR}/mfu.md",
         *[report(f, category="Figures", caption="../report/figure.rst") for f in REPORT_FIGURES],
     params:
         spec=json.dumps(PLAN.report_spec, sort_keys=True),

@@ -6,6 +6,7 @@ so an interrupted report never leaves a half-written file that Snakemake would t
 * ``curves.csv`` -- long form, the contracted columns (:data:`opdgrpo.report.curves.CURVE_COLUMNS`);
 * ``savings.csv`` and ``savings.md`` -- one row per consolidation study present (S4), matched-FLOP savings;
 * ``claims.md`` -- each paper claim, paper value, ours, holds or not;
+* ``mfu.md`` -- per run: training FLOPs, wall time of its steps, achieved GFLOP/s, measured peak, MFU;
 * ``<study>_accuracy.png/.pdf`` per plotted study, and ``S1b_length.png/.pdf``.
 
 Study keys without a registered kind are skipped with a note instead of failing, so a spec from a newer planner
@@ -29,6 +30,7 @@ from matplotlib.figure import Figure
 
 from opdgrpo.report.claims import EVALUATORS, claims_table
 from opdgrpo.report.constraints import constraints_markdown
+from opdgrpo.report.mfu import mfu_markdown
 from opdgrpo.report.curves import (
     ReportInputError,
     format_flops,
@@ -392,6 +394,7 @@ def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, An
     written.append(write_text(out_dir / "claims.md", claims))
     written.append(write_text(out_dir / "base_models.md", base_models_markdown(spec, profile)))
     written.append(write_text(out_dir / "constraints.md", constraints_markdown(spec, runs_dir)))
+    written.append(write_text(out_dir / "mfu.md", mfu_markdown(spec, runs_dir, profile)))
     for stem, fig in figures.items():
         written.extend(save_figure(fig, out_dir, stem))
     return {"written": written, "notes": notes, "savings": rows}
