@@ -26,6 +26,7 @@ rule pretrain:
         cfg=lambda w: job_config(f"base-{w.model}"),
         out=lambda w: PLAN.jobs[f"base-{w.model}"].out_dir,
     threads: THREADS
+    priority: lambda w: PRIORITY[f"base-{w.model}"]
     resources:
         **job_resources("base"),
     log:

@@ -31,6 +31,12 @@ def upstream_done(job_id):
 LOGS = f"{ROOT}/logs"
 THREADS = int(CFG["threads"])
 
+# Start order: each job's estimated seconds plus the longest chain of jobs that need it (opdgrpo.schedule), so
+# the long runs start early and short ones fill the end instead of one core idling behind the last long run.
+from opdgrpo.schedule import priorities as _priorities
+
+PRIORITY = _priorities(CFG, PLAN)
+
 # The package's CLI, run by the interpreter that runs Snakemake (so it works without an activated venv);
 # `--config opdgrpo_cmd=...` replaces it, e.g. for a cluster with its own environment.
 OPDGRPO = config.get("opdgrpo_cmd", f"{shlex.quote(sys.executable)} -m opdgrpo.cli")

@@ -12,6 +12,7 @@ rule difficulty:
         cfg=lambda w: job_config(w.job),
         out=lambda w: PLAN.jobs[w.job].out_dir,
     threads: THREADS
+    priority: lambda w: PRIORITY[w.job]
     resources:
         **job_resources("difficulty"),
     log:

@@ -12,6 +12,7 @@ rule opd:
         cfg=lambda w: job_config(w.run),
         out=lambda w: PLAN.jobs[w.run].out_dir,
     threads: THREADS
+    priority: lambda w: PRIORITY[w.run]
     resources:
         **job_resources("train"),
     log:
