@@ -9,6 +9,7 @@ ledger with ``counted: false``: as in the paper, pretraining is not post-trainin
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -66,6 +67,9 @@ def demonstration_batch(tokenizer, domains, thinking_fraction: float, batch_size
 
 def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     torch.set_num_threads(int(cfg["threads"]))
+    # The tokenizer's batch calls (Rust, rayon) would otherwise use every core of a machine Snakemake already fills
+    # with one-thread jobs; a value set by the user wins.
+    os.environ.setdefault("RAYON_NUM_THREADS", str(int(cfg["threads"])))
     started = time.time()
     out_dir.mkdir(parents=True, exist_ok=True)
     write_yaml(out_dir / "config.yaml", cfg)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import random
 import signal
 import time
@@ -161,6 +162,9 @@ SEED_STRIDE, SHARD_STRIDE = 1_000_003, 7_919_113
 def _train(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> dict[str, Any]:
     started = time.time()
     torch.set_num_threads(int(cfg["threads"]))
+    # The tokenizer's batch calls (Rust, rayon) would otherwise use every core of a machine Snakemake already fills
+    # with one-thread jobs; a value set by the user wins.
+    os.environ.setdefault("RAYON_NUM_THREADS", str(int(cfg["threads"])))
     method, shared = cfg["method"], cfg["train"]
     kind, steps, seed = method["name"], int(method["steps"]), int(cfg["seed"])  # validated by check_run_inputs
     per_prompt = int(method["group_size"] if kind == "grpo" else method["rollouts_per_prompt"])
