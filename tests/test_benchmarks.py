@@ -17,6 +17,17 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import common  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    """The benchmarks quiet the `opdgrpo` logger (common.quiet); later tests read its INFO records."""
+    import logging
+
+    logger = logging.getLogger("opdgrpo")
+    level = logger.level
+    yield
+    logger.setLevel(level)
+
+
 def test_package_never_imports_trl():
     offenders = []
     for path in (REPO / "src").rglob("*.py"):
