@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
-from opdgrpo.inference import NAME, fast_attention, sampling_cache
+from opdgrpo.inference import NAME, LeanQwen3, fast_attention, sampling_cache
 from opdgrpo.models import autocast
 
 #: (heads, kv heads, head_dim, hidden): MHA, GQA 2:1 and 4:1, head_dim != hidden / heads (the tiny models' shapes).
@@ -138,3 +138,89 @@ def test_folded_attention_matches_eager_on_random_bf16_shapes():
             a, _ = eager_attention_forward(module, q, k, v, mask, dim ** -0.5)
             b, _ = eager_attention_no_grad(module, q, k, v, mask, dim ** -0.5)
         assert torch.equal(a, b), dict(rows=rows, heads=kv * groups, kv=kv, q_len=q_len, length=length, dim=dim)
+
+
+def _lean_decode(model, ids, mask, steps: int) -> list[torch.Tensor]:
+    """:func:`_decode` through :class:`LeanQwen3`: prefill logits of every position, then cached decode steps."""
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    outs = []
+    with torch.no_grad():
+        assert LeanQwen3.supports(model)
+        lean = LeanQwen3(model)
+        out = lean.forward(ids, positions, LeanQwen3.mask_bias(mask, ids.shape[1]), logits_to_keep=ids.shape[1])
+        outs.append(out)
+        pos = positions[:, -1:]
+        for _ in range(steps):
+            token = out[:, -1].argmax(-1, keepdim=True)
+            mask, pos = torch.cat([mask, torch.ones_like(token)], -1), pos + 1
+            out = lean.forward(token, pos, LeanQwen3.mask_bias(mask, 1))
+            outs.append(out)
+    return outs
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"h{h}kv{k}d{d}" for h, k, d, _ in SHAPES])
+def test_lean_forward_is_bitwise_the_models_own(shape):
+    """LeanQwen3 against the model's own forward (eager attention, DynamicCache), prefill and decode logits."""
+    torch.set_num_threads(1)
+    model = _model(*shape)
+    for rows, width, seed in [(1, 5, 0), (7, 9, 1), (33, 13, 2)]:
+        ids, mask = _batch(rows, width, seed)
+        with autocast("bf16"):
+            eager = _decode(model, ids, mask, steps=6, fast=False)
+            lean = _lean_decode(model, ids, mask, steps=6)
+        for step, (a, b) in enumerate(zip(eager, lean)):
+            assert torch.equal(a, b), f"rows {rows} width {width} forward {step}: logits differ"
+
+
+def test_lean_forward_keeps_biases_and_drops_rows_like_the_cache():
+    model = _model(4, 2, 16, 64)
+    model.config.attention_bias = True
+    for layer in model.model.layers:
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj):
+            proj.bias = torch.nn.Parameter(torch.randn(proj.out_features) * 0.1)
+    model.lm_head.bias = torch.nn.Parameter(torch.randn(model.config.vocab_size))
+    ids, mask = _batch(9, 7, 6)
+    keep = torch.tensor([0, 2, 3, 8])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    token = torch.full((len(keep), 1), 5)
+    step_mask = torch.cat([mask[keep], torch.ones_like(token)], -1)
+    with torch.no_grad(), autocast("bf16"):
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        cache.batch_select_indices(keep)
+        want = model(input_ids=token, attention_mask=step_mask, position_ids=positions[keep, -1:] + 1, cache=cache,
+                      use_cache=True).logits
+        lean = LeanQwen3(model)
+        lean.forward(ids, positions, LeanQwen3.mask_bias(mask, ids.shape[1]))
+        lean.select(keep)
+        got = lean.forward(token, positions[keep, -1:] + 1, LeanQwen3.mask_bias(step_mask, 1))
+    assert torch.equal(want, got)
+
+
+def test_lean_mask_is_the_eager_mask():
+    from transformers.masking_utils import create_causal_mask
+
+    model = _model(4, 2, 16, 64)
+    ids, mask = _batch(5, 8, 7)
+    embeds = model.model.embed_tokens(ids)
+    want = create_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=mask, cache=None,
+                              position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+    assert torch.equal(want, LeanQwen3.mask_bias(mask, 8))
+
+
+def test_lean_forward_only_where_it_reproduces_the_model():
+    model = _model(4, 2, 16, 64)
+    with torch.no_grad():
+        with autocast("bf16"):
+            assert LeanQwen3.supports(model)
+        with autocast("fp32"):
+            assert not LeanQwen3.supports(model)          # float32: the model's own forward
+        with autocast("bf16"):
+            model.config._attn_implementation = "sdpa"
+            assert not LeanQwen3.supports(model)          # another attention kernel
+            model.config._attn_implementation = "eager"
+            model.train()
+            assert not LeanQwen3.supports(model)          # dropout would apply
+            model.eval()
+    with autocast("bf16"):
+        assert not LeanQwen3.supports(model)              # gradients: training forwards never take it

@@ -99,3 +99,133 @@ def sampling_cache(config) -> DynamicCache:
     if cache.layers and all(type(layer) is DynamicLayer for layer in cache.layers):
         cache.layers = [_CastLayer() for _ in cache.layers]
     return cache
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# A lean Qwen3 forward for rollouts: the same tensor operations, none of the module machinery
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``Qwen3RMSNorm.forward``, operation for operation (float32 statistics, the weight applied after the cast back)."""
+    input_dtype = x.dtype
+    x = x.to(torch.float32)
+    variance = x.pow(2).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(variance + eps)
+    return weight * x.to(input_dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LeanQwen3:
+    """Prefill and cached decode steps of a ``Qwen3ForCausalLM`` under bfloat16 autocast, without gradients.
+
+    Our own code because it is where rollouts spend their time: a decode step of the tiny student over a few
+    running rows costs about 3 ms through ``transformers`` (module calls, config lookups, building the 4D mask and
+    the cache objects) against well under 1 ms of arithmetic, and late decode steps have few rows. This class runs
+    the very same tensor operations in the same order on the same dtypes (eager attention through
+    :func:`eager_attention_no_grad`, keys and values cached in bfloat16 as :func:`sampling_cache` keeps them, the
+    additive float32 mask ``eager_mask`` builds), so the logits are bit for bit those of the model's own forward
+    (``tests/test_inference.py``). Weights are cast to bfloat16 once per call site, as autocast would cast them on
+    every call of a model whose weights need no gradient (teachers).
+
+    Only for what it reproduces (:meth:`supports`): Qwen3 with full attention, default RoPE, SiLU, eager
+    attention, bfloat16 autocast. Anything else runs through the model's own forward.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        cfg, body = model.config, model.model
+        self.eps = float(cfg.rms_norm_eps)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.scaling = body.layers[0].self_attn.scaling
+        self.groups = body.layers[0].self_attn.num_key_value_groups
+        self.rotary = body.rotary_emb
+        self.embed = body.embed_tokens.weight
+        self.cast = torch.get_autocast_dtype(self.embed.device.type)
+
+        def w(linear: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+            # (weight, bias) as autocast casts them for F.linear
+            bias = None if linear.bias is None else linear.bias.detach().to(self.cast)
+            return linear.weight.detach().to(self.cast), bias
+
+        self.layers = []
+        for layer in body.layers:
+            att, mlp = layer.self_attn, layer.mlp
+            self.layers.append({
+                "ln1": layer.input_layernorm.weight, "ln2": layer.post_attention_layernorm.weight,
+                "q": w(att.q_proj), "k": w(att.k_proj), "v": w(att.v_proj), "o": w(att.o_proj),
+                "qn": att.q_norm.weight, "kn": att.k_norm.weight, "module": att,
+                "gate": w(mlp.gate_proj), "up": w(mlp.up_proj), "down": w(mlp.down_proj),
+            })
+        self.norm = body.norm.weight
+        self.lm_head = w(model.lm_head)
+        self.keys: list[torch.Tensor | None] = [None] * len(self.layers)
+        self.values: list[torch.Tensor | None] = [None] * len(self.layers)
+
+    @staticmethod
+    def supports(model: torch.nn.Module) -> bool:
+        config = getattr(model, "config", None)
+        if type(model).__name__ != "Qwen3ForCausalLM" or config is None or torch.is_grad_enabled():
+            return False
+        device = next(model.parameters()).device.type
+        rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+        return (config._attn_implementation in ("eager", NAME) and _autocast_dtype(device) == torch.bfloat16
+                and all(t == "full_attention" for t in getattr(config, "layer_types", None) or ["full_attention"])
+                and rope == "default" and config.hidden_act == "silu"
+                and float(model.model.rotary_emb.attention_scaling) == 1.0 and not model.training)
+
+    def _rope(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Qwen3RotaryEmbedding.forward (default RoPE; attention_scaling 1.0, checked by supports)
+        freqs = position_ids[..., None].float() * self.rotary.inv_freq.to(device=hidden.device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * self.rotary.attention_scaling
+        sin = emb.sin() * self.rotary.attention_scaling
+        return cos.to(dtype=hidden.dtype)[:, None], sin.to(dtype=hidden.dtype)[:, None]
+
+    @staticmethod
+    def mask_bias(attention_mask: torch.Tensor, q_len: int) -> torch.Tensor:
+        """``eager_mask`` for a 2D padding mask whose last ``q_len`` positions are the queries: 0 where a query may
+        attend (causal and not padding), the float32 minimum elsewhere; shape (B, 1, q_len, K)."""
+        kv_len = attention_mask.shape[1]
+        q_idx = torch.arange(kv_len - q_len, kv_len, device=attention_mask.device)
+        kv_idx = torch.arange(kv_len, device=attention_mask.device)
+        allowed = (kv_idx[None, :] <= q_idx[:, None])[None, None] & attention_mask.bool()[:, None, None, :]
+        return torch.where(allowed, torch.zeros((), device=allowed.device, dtype=torch.float32), torch.finfo(torch.float32).min)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, *,
+                logits_to_keep: int = 1, cache: bool = True) -> torch.Tensor:
+        """Logits of the last ``logits_to_keep`` positions; ``mask`` from :meth:`mask_bias`. With ``cache`` the keys
+        and values are appended to this object's cache and attention reads all of it."""
+        batch, q_len = input_ids.shape
+        hidden = torch.nn.functional.embedding(input_ids, self.embed)
+        cos, sin = self._rope(hidden, position_ids)
+        def linear(x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+            return torch.nn.functional.linear(x, *weights)
+
+        for i, p in enumerate(self.layers):
+            residual = hidden
+            x = _rms_norm(hidden, p["ln1"], self.eps)
+            q = _rms_norm(linear(x, p["q"]).view(batch, q_len, -1, self.head_dim), p["qn"], self.eps).transpose(1, 2)
+            k = _rms_norm(linear(x, p["k"]).view(batch, q_len, -1, self.head_dim), p["kn"], self.eps).transpose(1, 2)
+            v = linear(x, p["v"]).view(batch, q_len, -1, self.head_dim).transpose(1, 2)
+            q = (q * cos) + (_rotate_half(q) * sin)
+            k = (k * cos) + (_rotate_half(k) * sin)
+            k, v = k.to(self.cast), v.to(self.cast)   # what _CastLayer stores
+            if cache:
+                if self.keys[i] is not None:
+                    k, v = torch.cat([self.keys[i], k], dim=-2), torch.cat([self.values[i], v], dim=-2)
+                self.keys[i], self.values[i] = k, v
+            out, _ = eager_attention_no_grad(p["module"], q, k, v, mask, self.scaling)
+            hidden = residual + linear(out.reshape(batch, q_len, -1).contiguous(), p["o"])
+            residual = hidden
+            x = _rms_norm(hidden, p["ln2"], self.eps)
+            hidden = residual + linear(torch.nn.functional.silu(linear(x, p["gate"])) * linear(x, p["up"]), p["down"])
+        hidden = _rms_norm(hidden, self.norm, self.eps)
+        return linear(hidden[:, -logits_to_keep:, :], self.lm_head)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` of the batch in the cache (finished rows leave it)."""
+        self.keys = [k[rows, ...] for k in self.keys]
+        self.values = [v[rows, ...] for v in self.values]

@@ -80,15 +80,24 @@ def aggregation_count(mask: Tensor, aggregation: str) -> int:
     return int(mask.sum()) if aggregation == "token-mean" else int((mask.sum(dim=-1) > 0).sum())
 
 
-def _logsumexp_rows(logits: Tensor, dtype: torch.dtype) -> Tensor:
-    """``logsumexp`` over the vocabulary, one batch row at a time.
+#: At most this many float32 values are upcast at once by :func:`_logsumexp_rows` (64 MB).
+LOGSUMEXP_CHUNK_ELEMENTS = 1 << 24
 
-    Upcasting a whole ``(B, T, V)`` bf16 tensor to float32 would double its memory (V is ~152k for Qwen3); one row
-    at a time keeps the extra memory at ``T * V`` floats.
+
+def _logsumexp_rows(logits: Tensor, dtype: torch.dtype) -> Tensor:
+    """``logsumexp`` over the vocabulary, a chunk of batch rows at a time.
+
+    Upcasting a whole ``(B, T, V)`` bf16 tensor to float32 would double its memory (V is ~152k for Qwen3): a chunk
+    holds at most :data:`LOGSUMEXP_CHUNK_ELEMENTS` floats, and at least one row. On small vocabularies one call
+    covers the batch instead of one call (and one backward node) per row; each value is reduced exactly as before.
     """
-    if logits.shape[0] == 0:
+    rows = logits.shape[0]
+    if rows == 0:
         return logits.new_zeros(logits.shape[:-1], dtype=dtype)
-    return torch.stack([torch.logsumexp(row.to(dtype), dim=-1) for row in logits])
+    per_chunk = max(1, LOGSUMEXP_CHUNK_ELEMENTS // max(1, logits[0].numel()))
+    if per_chunk >= rows:
+        return torch.logsumexp(logits.to(dtype), dim=-1)
+    return torch.cat([torch.logsumexp(chunk.to(dtype), dim=-1) for chunk in logits.split(per_chunk)])
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -128,7 +137,7 @@ def group_advantages(rewards: Tensor, group_size: int, scale_by_std: bool = True
 def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
     """Log-probability of each target token: ``log_softmax(logits)[b, t, targets[b, t]]``, shape ``(B, T)``.
 
-    Computed as ``logit[target] - logsumexp(logits)`` in float32, batch row by batch row, so a bf16 ``(B, T, V)``
+    Computed as ``logit[target] - logsumexp(logits)`` in float32, a chunk of batch rows at a time, so a bf16 ``(B, T, V)``
     tensor is never materialised in float32 as a whole (the same trick as TRL's ``selective_log_softmax``).
     Differentiable with respect to ``logits``.
     """

@@ -9,9 +9,10 @@ By default tokens come from the model's full distribution (temperature 1, no top
 on-policy training needs; ``temperature=0`` is greedy decoding.
 
 The loop never recomputes a prefix (each decode step feeds one token per running row against the cache) and stops
-as soon as every row has ended. The cache is :func:`~opdgrpo.inference.sampling_cache` and attention runs through
-:func:`~opdgrpo.inference.fast_attention`: bit for bit what ``DynamicCache`` and eager attention give, with less
-copying (see :mod:`opdgrpo.inference`).
+as soon as every row has ended. Under bfloat16 autocast a Qwen3 model runs through
+:class:`~opdgrpo.inference.LeanQwen3` (its own operations without the module machinery); otherwise the model's forward
+with a :func:`~opdgrpo.inference.sampling_cache` and :func:`~opdgrpo.inference.fast_attention`. Either is bit for bit
+what ``DynamicCache`` and eager attention give (see :mod:`opdgrpo.inference`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Sequence
 
 import torch
 from opdgrpo import flops as flop_formulas
-from opdgrpo.inference import fast_attention, sampling_cache
+from opdgrpo.inference import LeanQwen3, fast_attention, sampling_cache
 
 
 @dataclass
@@ -111,22 +112,38 @@ def sample(
                             temperature=temperature, top_p=top_p, top_k=top_k, generator=generator)
 
 
+class _Stepper:
+    """One forward per call against a KV cache: :class:`~opdgrpo.inference.LeanQwen3` where it reproduces the
+    model's own forward bit for bit (the tiny profile's rollouts), else the model with a :func:`sampling_cache`."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.lean = LeanQwen3(model) if LeanQwen3.supports(model) else None
+        self.cache = None if self.lean else sampling_cache(model.config)
+        self.cache_kw = _cache_kwarg(model)
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Logits (rows x 1 x vocab) of the last position; ``attention_mask`` covers the cache and ``input_ids``."""
+        if self.lean:
+            return self.lean.forward(input_ids, position_ids, LeanQwen3.mask_bias(attention_mask, input_ids.shape[1]))
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+                          logits_to_keep=1, **{self.cache_kw: self.cache}).logits
+
+    def select(self, rows: torch.Tensor) -> None:
+        if self.lean:
+            self.lean.select(rows)
+        else:
+            self.cache.batch_select_indices(rows)
+
+
 def _sample_loop(model, input_ids: torch.Tensor, prompt_mask: torch.Tensor, stops: torch.Tensor, *, max_new_tokens: int,
                  pad_token_id: int, temperature: float, top_p: float, top_k: int, generator) -> Rollouts:
     config = model.config
     batch, prompt_len = input_ids.shape
     device = input_ids.device
     position_ids = (prompt_mask.cumsum(dim=-1) - 1).clamp(min=0)
-    cache = sampling_cache(config)
-    cache_kw = _cache_kwarg(model)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=prompt_mask,
-        position_ids=position_ids,
-        use_cache=True,
-        logits_to_keep=1,
-        **{cache_kw: cache},
-    )
+    step_model = _Stepper(model)
+    logits = step_model(input_ids, prompt_mask, position_ids)
     total_flops = flop_formulas.prefill_flops(config, batch, prompt_len, logits_positions=1)
     tokens_computed = batch * prompt_len
 
@@ -137,7 +154,7 @@ def _sample_loop(model, input_ids: torch.Tensor, prompt_mask: torch.Tensor, stop
     next_pos = position_ids[:, -1] + 1  # position of the token each active row feeds next
     steps = 0
     for step in range(max_new_tokens):
-        tokens = _choose(out.logits[:, -1, :], temperature, top_p, top_k, generator)
+        tokens = _choose(logits[:, -1, :], temperature, top_p, top_k, generator)
         generated[active, step] = tokens
         steps = step + 1
         is_eos = torch.isin(tokens, stops)
@@ -146,17 +163,10 @@ def _sample_loop(model, input_ids: torch.Tensor, prompt_mask: torch.Tensor, stop
             break
         if bool(is_eos.any()):  # compaction: drop finished rows from the batch and the cache
             keep = (~is_eos).nonzero().squeeze(-1)
-            cache.batch_select_indices(keep)
+            step_model.select(keep)
             active, tokens, mask, next_pos = active[keep], tokens[keep], mask[keep], next_pos[keep]
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
-        out = model(
-            input_ids=tokens[:, None],
-            attention_mask=mask,
-            position_ids=next_pos[:, None],
-            use_cache=True,
-            logits_to_keep=1,
-            **{cache_kw: cache},
-        )
+        logits = step_model(tokens[:, None], mask, next_pos[:, None])
         next_pos = next_pos + 1
         total_flops += flop_formulas.decode_step_flops(config, len(active), context_len=mask.shape[1])
         tokens_computed += len(active)
