@@ -28,7 +28,7 @@ import common
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--world", help="pretrained tiny world (default: results/tiny/base if present) or `random`")
-    p.add_argument("--prompts", type=int, default=32, help="prompts per step (tiny profile: 32)")
+    p.add_argument("--prompts", type=int, help="prompts per step (default: the tiny profile's train.prompts_per_step)")
     p.add_argument("--group", type=int, default=8, help="completions per prompt (group size)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="completion cap (tiny profile: 32)")
     p.add_argument("--lr", type=float, default=2e-4, help="AdamW learning rate (tiny profile's GRPO: 2e-4)")
@@ -56,6 +56,7 @@ def main() -> None:
     common.set_threads(args.threads)
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-grpo-"))
+    args.prompts = args.prompts or int(common.tiny_config(scratch / "results")["train"]["prompts_per_step"])
     world = common.load_world(args.world, ["student"], scratch)
     small_eval = {"domains.math.heldout.amc.size": 4, "domains.math.heldout.aime.size": 4}
     cfg = common.run_config("grpo", world, scratch, overrides={

@@ -34,7 +34,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"), default=["fp32", "bf16"])
     p.add_argument("--threads", type=int, default=1, help="torch threads (tiny profile: 1 per job)")
     p.add_argument("--peak-size", type=int, default=2048)
-    p.add_argument("--batch", type=int, default=256, help="training rows (a tiny GRPO step: 32 prompts x 8)")
+    p.add_argument("--batch", type=int, default=128, help="training rows (a tiny GRPO step: 16 prompts x 8)")
     p.add_argument("--length", type=int, default=32, help="training row length (prompt + completion tokens)")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--reps", type=int, default=5, help="timed repetitions after one warm-up")

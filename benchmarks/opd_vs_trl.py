@@ -31,7 +31,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--world", help="pretrained tiny world (default: results/tiny/base if present) or `random`")
     p.add_argument("--teacher", default="teacher_l", help="the frozen teacher (tiny roles: teacher_m, teacher_l)")
-    p.add_argument("--prompts", type=int, default=32, help="prompts per step (tiny profile: 32)")
+    p.add_argument("--prompts", type=int, help="prompts per step (default: the tiny profile's train.prompts_per_step)")
     p.add_argument("--rollouts", type=int, default=8, help="completions per prompt (tiny OPD default: 8)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="completion cap (tiny profile: 32)")
     p.add_argument("--top-k", type=int, default=16, help="our OPD support size (the paper's 16)")
@@ -62,6 +62,7 @@ def main() -> None:
     common.set_threads(args.threads)
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-opd-"))
+    args.prompts = args.prompts or int(common.tiny_config(scratch / "results")["train"]["prompts_per_step"])
     world = common.load_world(args.world, ["student", args.teacher], scratch)
     cfg = common.run_config("opd", world, scratch, teacher=args.teacher, overrides={
         "threads": args.threads, "train.prompts_per_step": args.prompts, "train.max_new_tokens": args.max_new_tokens,
