@@ -224,3 +224,22 @@ def test_lean_forward_only_where_it_reproduces_the_model():
             model.eval()
     with autocast("bf16"):
         assert not LeanQwen3.supports(model)              # gradients: training forwards never take it
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_frozen_forward_is_the_teachers_own_forward(precision):
+    """OPD's teacher forwards: LeanQwen3 under bf16 (weights cast once, reused across calls), the model under fp32."""
+    from opdgrpo.inference import FrozenForward
+
+    model = _model(8, 2, 16, 96)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    frozen = FrozenForward(model)
+    for rows, width, seed in [(16, 21, 3), (5, 9, 4)]:
+        ids, mask = _batch(rows, width, seed)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad(), autocast(precision):
+            want = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=4).logits
+            got = frozen(ids, mask, positions, logits_to_keep=4)
+        assert torch.equal(want, got)
+    assert (frozen.lean is not None) == (precision == "bf16")

@@ -229,3 +229,29 @@ class LeanQwen3:
         """Keep only ``rows`` of the batch in the cache (finished rows leave it)."""
         self.keys = [k[rows, ...] for k in self.keys]
         self.values = [v[rows, ...] for v in self.values]
+
+
+class FrozenForward:
+    """Gradient-free forwards of a model that never changes during a run (OPD's teachers).
+
+    :class:`LeanQwen3` where it reproduces the model's own forward, its bfloat16 weights cast once for the run rather
+    than by autocast on every call (a frozen model's weights need no gradient, so autocast does not cache their
+    casts); otherwise the model itself under :func:`fast_attention`. The logits are the same bits either way.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.lean: LeanQwen3 | None = None
+        self.checked = False
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                 logits_to_keep: int) -> torch.Tensor:
+        if not self.checked:   # decided at the first call, under the run's autocast
+            self.lean = LeanQwen3(self.model) if LeanQwen3.supports(self.model) else None
+            self.checked = True
+        if self.lean is not None:
+            mask = LeanQwen3.mask_bias(attention_mask, input_ids.shape[1])
+            return self.lean.forward(input_ids, position_ids, mask, logits_to_keep=logits_to_keep, cache=False)
+        with fast_attention(self.model):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              logits_to_keep=logits_to_keep).logits

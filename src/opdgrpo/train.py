@@ -34,7 +34,7 @@ from .distributed import Workers, shard_bounds
 from .subsets import load_subset
 from .domains import Task, build_domain
 from .evaluation import evaluate, heldout_for
-from .inference import fast_attention
+from .inference import FrozenForward
 from .losses import aggregation_count, group_advantages, grpo_loss, token_logprobs, topk_reverse_kl
 from .models import autocast, load_model, parameter_count
 from .peak import matmul_dtype, matmul_peak, mfu_summary
@@ -225,6 +225,7 @@ def _train(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> dict[str, An
                 loaded[path] = load_model(path, dtype=teacher_dtype, trainable=False,
                                           attn_implementation=attention).eval().to(device)
             teachers[d] = loaded[path]
+        teacher_forward = {id(t): FrozenForward(t) for t in loaded.values()}
     optimizer = torch.optim.AdamW(student.parameters(), lr=float(method["lr"]), betas=tuple(method["betas"]),
                                   weight_decay=float(method["weight_decay"]))
     n_params = parameter_count(student)
@@ -358,9 +359,9 @@ def _train(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> dict[str, An
                                         rows = torch.tensor([r for r, t in enumerate(tasks) if t.domain == d], dtype=torch.long, device=device)
                                         if len(rows) == 0:
                                             continue
-                                        with fast_attention(teacher):   # bit for bit eager, fewer copies
-                                            out = teacher(input_ids=seqs[rows], attention_mask=attn[rows], position_ids=_position_ids(attn[rows]),
-                                                          logits_to_keep=new + 1).logits[:, :-1]
+                                        # bit for bit the teacher's own eager forward, fewer copies and casts
+                                        out = teacher_forward[id(teacher)](seqs[rows], attn[rows], _position_ids(attn[rows]),
+                                                                           logits_to_keep=new + 1)[:, :-1]
                                         flops["teacher"] += F.forward_flops(teacher.config, len(rows), length, logits_positions=new + 1)
                                         out = out[..., : logits.shape[-1]]
                                         if faults.poison("nan_teacher", step):
