@@ -50,7 +50,7 @@ def test_second_snakemake_on_one_directory_is_refused(tmp_path):
             first.kill()
             first_out = first.communicate()[0]
     assert first.returncode != 0, first_out[-2000:]  # stopped early, not finished
-    assert not locks.exists() or not any(locks.iterdir()), "the stopped invocation left its lock behind"
+    assert not locks.exists() or not any(locks.iterdir()), f"the stopped invocation left its lock behind:\n{first_out[-3000:]}"
     assert not (tmp_path / "results" / "smoke" / "report").exists()
 
 
