@@ -92,7 +92,7 @@ def domain_counts(pools: dict[str, list[Task]], prompts_per_step: int, mix: str)
 @functools.lru_cache(maxsize=32)
 def _epoch_order(seed: int, domain: str, epoch: int, size: int) -> tuple[int, ...]:
     """A domain's shuffle of its pool for one epoch. Drawn once, not once per prompt: a 3000-prompt permutation per
-    drawn prompt had cost a tiny GRPO step about 100 ms."""
+    drawn prompt had cost a tiny GRPO step 8.5 ms, and a 17k-prompt hub pool would cost seconds."""
     return tuple(random.Random(f"{seed}-{domain}-{epoch}").sample(range(size), size))
 
 
