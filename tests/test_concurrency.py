@@ -33,24 +33,32 @@ def test_second_snakemake_on_one_directory_is_refused(tmp_path):
     """The first invocation holds `.snakemake/locks`; an identical second one exits non-zero with Snakemake's
     LockException before running anything; SIGINT (Snakemake's clean stop) then ends the first early."""
     cmd = [*SNAKEMAKE, "--directory", str(tmp_path), "--cores", "1", "--config", "profile=smoke"]
-    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The first invocation writes to a file, not a pipe nobody reads until the end: its jobs' output could fill a
+    # pipe and block it (this test failed twice in full runs with the first left unstopped and its lock behind).
+    log_path = tmp_path.parent / f"{tmp_path.name}-first.log"
+    with open(log_path, "w") as log:
+        first = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
         locks = tmp_path / ".snakemake" / "locks"
         _wait_for(lambda: locks.is_dir() and any(locks.iterdir()) or first.poll() is not None, 120, ".snakemake/locks")
         assert first.poll() is None, "the first invocation ended before the second could start"
+        started = time.time()
         second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        second_s = time.time() - started
         output = second.stdout + second.stderr
         assert second.returncode != 0
         assert "LockException" in output or "Directory cannot be locked" in output, output[-2000:]
     finally:
         first.send_signal(signal.SIGINT)
         try:
-            first_out = first.communicate(timeout=120)[0]
+            first.wait(timeout=120)
         except subprocess.TimeoutExpired:
             first.kill()
-            first_out = first.communicate()[0]
+            first.wait()
+    first_out = log_path.read_text()
     assert first.returncode != 0, first_out[-2000:]  # stopped early, not finished
-    assert not locks.exists() or not any(locks.iterdir()), f"the stopped invocation left its lock behind:\n{first_out[-3000:]}"
+    assert not locks.exists() or not any(locks.iterdir()), \
+        f"the stopped invocation left its lock behind (the second took {second_s:.1f} s):\n{first_out[-3000:]}"
     assert not (tmp_path / "results" / "smoke" / "report").exists()
 
 
