@@ -33,11 +33,14 @@ def test_second_snakemake_on_one_directory_is_refused(tmp_path):
     """The first invocation holds `.snakemake/locks`; an identical second one exits non-zero with Snakemake's
     LockException before running anything; SIGINT (Snakemake's clean stop) then ends the first early."""
     cmd = [*SNAKEMAKE, "--directory", str(tmp_path), "--cores", "1", "--config", "profile=smoke"]
-    # The first invocation writes to a file, not a pipe nobody reads until the end: its jobs' output could fill a
-    # pipe and block it (this test failed twice in full runs with the first left unstopped and its lock behind).
+    # SIGINT handled by default in the first invocation even when this test runs as a background job of a
+    # non-interactive shell (`pytest ... &`): such jobs start with SIGINT ignored, and a child inherits that, so
+    # Snakemake never stopped, was killed after 120 s and left its lock behind. Its output goes to a file, not a pipe
+    # nobody reads until the end.
     log_path = tmp_path.parent / f"{tmp_path.name}-first.log"
     with open(log_path, "w") as log:
-        first = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+        first = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         locks = tmp_path / ".snakemake" / "locks"
         _wait_for(lambda: locks.is_dir() and any(locks.iterdir()) or first.poll() is not None, 120, ".snakemake/locks")
