@@ -32,7 +32,7 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
-from transformers.models.qwen3.modeling_qwen3 import eager_attention_forward
+from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb, eager_attention_forward
 
 #: The attention implementation name :func:`fast_attention` switches a model to while it runs without gradients.
 NAME = "opdgrpo_eager"
@@ -102,21 +102,12 @@ def sampling_cache(config) -> DynamicCache:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# A lean Qwen3 forward for rollouts: the same tensor operations, none of the module machinery
+# A lean Qwen3 forward for rollouts: the model's own functions, none of the module machinery
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``Qwen3RMSNorm.forward``, operation for operation (float32 statistics, the weight applied after the cast back)."""
-    input_dtype = x.dtype
-    x = x.to(torch.float32)
-    variance = x.pow(2).mean(-1, keepdim=True)
-    x = x * torch.rsqrt(variance + eps)
-    return weight * x.to(input_dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    """``Qwen3RMSNorm``'s own forward, called without the module call machinery (hooks, ``__call__``)."""
+    return type(norm).forward(norm, x)
 
 
 class LeanQwen3:
@@ -124,11 +115,11 @@ class LeanQwen3:
 
     Our own code because it is where rollouts spend their time: late decode steps have few rows, and a decode step
     of the tiny student over 8 rows costs 3.0 ms through ``transformers`` (module calls, config lookups, building
-    the 4D mask and the cache objects) and 2.5 ms here; what is left is mostly the fixed cost of each small bfloat16
-    matrix multiply. This class runs
-    the very same tensor operations in the same order on the same dtypes (eager attention through
-    :func:`eager_attention_no_grad`, keys and values cached in bfloat16 as :func:`sampling_cache` keeps them, the
-    additive float32 mask ``eager_mask`` builds), so the logits are bit for bit those of the model's own forward
+    the 4D mask and the cache objects) and 2.4 ms here; what is left is mostly the fixed cost of each small bfloat16
+    matrix multiply. It calls the model's own RMSNorm, rotary embedding and ``apply_rotary_pos_emb`` (without the
+    module call machinery), :func:`eager_attention_no_grad`, and ``F.linear`` on the same weights, in the model's
+    order; keys and values are cached in bfloat16 as :func:`sampling_cache` keeps them, and the additive float32
+    mask is the one ``eager_mask`` builds. The logits are bit for bit those of the model's own forward
     (``tests/test_inference.py``). Weights are cast to bfloat16 once per instance (autocast casts the weights of a
     model that needs no gradient, such as a teacher, on every call).
 
@@ -138,7 +129,6 @@ class LeanQwen3:
 
     def __init__(self, model: torch.nn.Module):
         cfg, body = model.config, model.model
-        self.eps = float(cfg.rms_norm_eps)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         self.scaling = body.layers[0].self_attn.scaling
         self.rotary = body.rotary_emb
@@ -154,12 +144,12 @@ class LeanQwen3:
         for layer in body.layers:
             att, mlp = layer.self_attn, layer.mlp
             self.layers.append({
-                "ln1": layer.input_layernorm.weight, "ln2": layer.post_attention_layernorm.weight,
+                "ln1": layer.input_layernorm, "ln2": layer.post_attention_layernorm,
                 "q": w(att.q_proj), "k": w(att.k_proj), "v": w(att.v_proj), "o": w(att.o_proj),
-                "qn": att.q_norm.weight, "kn": att.k_norm.weight, "module": att,
+                "qn": att.q_norm, "kn": att.k_norm, "module": att,
                 "gate": w(mlp.gate_proj), "up": w(mlp.up_proj), "down": w(mlp.down_proj),
             })
-        self.norm = body.norm.weight
+        self.norm = body.norm
         self.lm_head = w(model.lm_head)
         self.keys: list[torch.Tensor | None] = [None] * len(self.layers)
         self.values: list[torch.Tensor | None] = [None] * len(self.layers)
@@ -173,16 +163,7 @@ class LeanQwen3:
         rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
         return (config._attn_implementation in ("eager", NAME) and _autocast_dtype(device) == torch.bfloat16
                 and all(t == "full_attention" for t in getattr(config, "layer_types", None) or ["full_attention"])
-                and rope == "default" and config.hidden_act == "silu"
-                and float(model.model.rotary_emb.attention_scaling) == 1.0 and not model.training)
-
-    def _rope(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # Qwen3RotaryEmbedding.forward (default RoPE; attention_scaling 1.0, checked by supports)
-        freqs = position_ids[..., None].float() * self.rotary.inv_freq.to(device=hidden.device, dtype=torch.float)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = emb.cos() * self.rotary.attention_scaling
-        sin = emb.sin() * self.rotary.attention_scaling
-        return cos.to(dtype=hidden.dtype)[:, None], sin.to(dtype=hidden.dtype)[:, None]
+                and rope == "default" and config.hidden_act == "silu" and not model.training)
 
     @staticmethod
     def mask_bias(attention_mask: torch.Tensor, q_len: int) -> torch.Tensor:
@@ -200,18 +181,18 @@ class LeanQwen3:
         and values are appended to this object's cache and attention reads all of it."""
         batch, q_len = input_ids.shape
         hidden = torch.nn.functional.embedding(input_ids, self.embed)
-        cos, sin = self._rope(hidden, position_ids)
+        cos, sin = type(self.rotary).forward(self.rotary, hidden, position_ids)   # Qwen3RotaryEmbedding's own
+
         def linear(x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
             return torch.nn.functional.linear(x, *weights)
 
         for i, p in enumerate(self.layers):
             residual = hidden
-            x = _rms_norm(hidden, p["ln1"], self.eps)
-            q = _rms_norm(linear(x, p["q"]).view(batch, q_len, -1, self.head_dim), p["qn"], self.eps).transpose(1, 2)
-            k = _rms_norm(linear(x, p["k"]).view(batch, q_len, -1, self.head_dim), p["kn"], self.eps).transpose(1, 2)
+            x = _rms_norm(hidden, p["ln1"])
+            q = _rms_norm(linear(x, p["q"]).view(batch, q_len, -1, self.head_dim), p["qn"]).transpose(1, 2)
+            k = _rms_norm(linear(x, p["k"]).view(batch, q_len, -1, self.head_dim), p["kn"]).transpose(1, 2)
             v = linear(x, p["v"]).view(batch, q_len, -1, self.head_dim).transpose(1, 2)
-            q = (q * cos) + (_rotate_half(q) * sin)
-            k = (k * cos) + (_rotate_half(k) * sin)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
             k, v = k.to(self.cast), v.to(self.cast)   # what _CastLayer stores
             if cache:
                 if self.keys[i] is not None:
@@ -220,9 +201,9 @@ class LeanQwen3:
             out, _ = eager_attention_no_grad(p["module"], q, k, v, mask, self.scaling)
             hidden = residual + linear(out.reshape(batch, q_len, -1).contiguous(), p["o"])
             residual = hidden
-            x = _rms_norm(hidden, p["ln2"], self.eps)
+            x = _rms_norm(hidden, p["ln2"])
             hidden = residual + linear(torch.nn.functional.silu(linear(x, p["gate"])) * linear(x, p["up"]), p["down"])
-        hidden = _rms_norm(hidden, self.norm, self.eps)
+        hidden = _rms_norm(hidden, self.norm)
         return linear(hidden[:, -logits_to_keep:, :], self.lm_head)
 
     def select(self, rows: torch.Tensor) -> None:

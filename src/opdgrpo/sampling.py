@@ -120,7 +120,7 @@ class _Stepper:
         self.model = model
         self.lean = LeanQwen3(model) if LeanQwen3.supports(model) else None
         self.cache = None if self.lean else sampling_cache(model.config)
-        self.cache_kw = _cache_kwarg(model)
+        self.cache_kw = None if self.lean else _cache_kwarg(model)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """Logits (rows x 1 x vocab) of the last position; ``attention_mask`` covers the cache and ``input_ids``."""
