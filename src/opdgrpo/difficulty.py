@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from . import numerics
 from .domains import Domain, Task, build_domain
 from .models import autocast, load_model
 from .rollout import PromptFormat, sample_and_score
@@ -102,6 +103,6 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     summary = {"domain": domain_name, "prompts": size, "selection_flops": flops, "counted": False,
                "subsets": {n: {k: v for k, v in s.items() if k != "prompts"} | {"size": len(s["prompts"])}
                            for n, s in subsets.items()},
-               "wall_s": round(time.time() - started, 1)}
+               "wall_s": round(time.time() - started, 1), "numerics": numerics.report()}
     write_json(out_dir / "done.json", summary)
     return summary

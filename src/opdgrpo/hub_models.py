@@ -68,6 +68,7 @@ def link_checkpoint(target: Path, out_dir: Path) -> Path:
 
 def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """The base job of a ``source: hub`` model: resolve, link, evaluate held-out accuracy (not counted)."""
+    from . import numerics
     from .domains import build_domain
     from .evaluation import evaluate, heldout_for
     from .models import autocast, load_model, parameter_count
@@ -104,6 +105,6 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     rewrite_jsonl(out_dir / "evals.jsonl", [{"step": 0, "cumulative_flops": 0.0, "eval_flops": eval_flops, "results": results}])
     summary = {"model": name, "source": "hub", "path": str(model_cfg["path"]), "revision": model_cfg.get("revision"),
                "resolved": str(target), "parameters": parameter_count(model), "steps": 0, "counted": False,
-               "heldout": results, "wall_s": round(time.time() - started, 1)}
+               "heldout": results, "wall_s": round(time.time() - started, 1), "numerics": numerics.report()}
     write_json(out_dir / "done.json", summary)
     return summary

@@ -26,6 +26,7 @@ bit for bit to the eager path (``tests/test_inference.py``, ``tests/test_speed_p
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Iterator
 
 import torch
@@ -33,6 +34,8 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb, eager_attention_forward
+
+from opdgrpo import numerics
 
 #: The attention implementation name :func:`fast_attention` switches a model to while it runs without gradients.
 NAME = "opdgrpo_eager"
@@ -42,11 +45,9 @@ def _autocast_dtype(device_type: str) -> torch.dtype | None:
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
-def eager_attention_no_grad(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """``transformers``' eager attention, without the per-head copies of keys and values when no gradient flows."""
+def _folded_attention(module, query, key, value, attention_mask, scaling):
+    """Eager attention's arithmetic with the GQA head groups folded into the rows of one bfloat16 multiply."""
     cast = _autocast_dtype(query.device.type)
-    if torch.is_grad_enabled() or (dropout and module.training) or cast != torch.bfloat16:
-        return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
     query_dtype = query.dtype
     query, key, value = query.to(cast), key.to(cast), value.to(cast)  # what autocast does to a matmul's inputs
     batch, heads, q_len, head_dim = query.shape
@@ -59,6 +60,21 @@ def eager_attention_no_grad(module, query, key, value, attention_mask, scaling, 
     weights = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query_dtype)
     out = torch.matmul(weights.to(cast).reshape(batch, kv_heads, groups * q_len, -1), value)
     return out.view(batch, heads, q_len, head_dim).transpose(1, 2).contiguous(), weights
+
+
+def _reference_attention(module, query, key, value, attention_mask, scaling):
+    return eager_attention_forward(module, query, key, value, attention_mask, scaling)
+
+
+def eager_attention_no_grad(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """``transformers``' eager attention, without the per-head copies of keys and values when no gradient flows
+    and the folded multiply is exact on this machine (:func:`opdgrpo.numerics.folded_attention_exact`)."""
+    cast = _autocast_dtype(query.device.type)
+    if (torch.is_grad_enabled() or (dropout and module.training) or cast != torch.bfloat16
+            or not numerics.folded_attention_exact(query.shape[1], key.shape[1], query.shape[-1], query.device.type,
+                                                   _folded_attention, _reference_attention)):
+        return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    return _folded_attention(module, query, key, value, attention_mask, scaling)
 
 
 AttentionInterface.register(NAME, eager_attention_no_grad)
@@ -156,6 +172,8 @@ class LeanQwen3:
 
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
+        """Whether it reproduces ``model``'s own forward: the architecture and settings it implements, and the
+        bits checked once per process on this machine (:func:`opdgrpo.numerics.lean_forward_exact`)."""
         config = getattr(model, "config", None)
         if type(model).__name__ != "Qwen3ForCausalLM" or config is None or torch.is_grad_enabled():
             return False
@@ -163,7 +181,8 @@ class LeanQwen3:
         rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
         return (config._attn_implementation in ("eager", NAME) and _autocast_dtype(device) == torch.bfloat16
                 and all(t == "full_attention" for t in getattr(config, "layer_types", None) or ["full_attention"])
-                and rope == "default" and config.hidden_act == "silu" and not model.training)
+                and rope == "default" and config.hidden_act == "silu" and not model.training
+                and numerics.lean_forward_exact(model, _lean_decode, _reference_decode))
 
     @staticmethod
     def mask_bias(attention_mask: torch.Tensor, q_len: int) -> torch.Tensor:
@@ -236,3 +255,62 @@ class FrozenForward:
         with fast_attention(self.model):
             return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                               logits_to_keep=logits_to_keep).logits
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The two paths :func:`opdgrpo.numerics.lean_forward_exact` compares: a prefill, then greedy decode steps against the
+# cache, with one row leaving the batch after the second step (as finished rows leave the sampler's batch).
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """transformers 5.24 names the forward's cache argument ``cache`` (``past_key_values`` is a deprecated alias
+    until 5.40); older 5.x releases only know ``past_key_values``."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+@contextlib.contextmanager
+def _plain_eager(model: torch.nn.Module) -> Iterator[None]:
+    """``transformers``' own eager attention inside the block, even within :func:`fast_attention`."""
+    previous = model.config._attn_implementation
+    model.config._attn_implementation = "eager"
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = previous
+
+
+def _greedy_decode(step, select, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = step(ids, mask, positions, ids.shape[1])
+    outs, pos = [out], positions[:, -1:]
+    for i in range(steps):
+        token = out[:, -1].argmax(-1, keepdim=True)
+        if i == 2:
+            keep = torch.arange(1, token.shape[0], device=token.device)
+            select(keep)
+            token, mask, pos = token[keep], mask[keep], pos[keep]
+        mask, pos = torch.cat([mask, torch.ones_like(token)], -1), pos + 1
+        out = step(token, mask, pos, 1)
+        outs.append(out)
+    return outs
+
+
+def _reference_decode(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """The model's own forward with eager attention and a plain ``DynamicCache``."""
+    cache, kw = DynamicCache(config=model.config), cache_kwarg(model)
+
+    def step(x, m, p, keep):
+        return model(input_ids=x, attention_mask=m, position_ids=p, use_cache=True, logits_to_keep=keep, **{kw: cache}).logits
+
+    with _plain_eager(model):
+        return _greedy_decode(step, cache.batch_select_indices, ids, mask, steps)
+
+
+def _lean_decode(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    lean = LeanQwen3(model)
+
+    def step(x, m, p, keep):
+        return lean.forward(x, p, LeanQwen3.mask_bias(m, x.shape[1]), logits_to_keep=keep)
+
+    return _greedy_decode(step, lean.select, ids, mask, steps)

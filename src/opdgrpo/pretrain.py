@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from . import flops as flop_formulas
+from . import numerics
 from .domains import build_domain
 from .evaluation import evaluate, heldout_for
 from .models import autocast, build_model, parameter_count
@@ -124,6 +125,7 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         # Achieved training FLOP/s of the pretraining loop (its final evaluation excluded) and MFU against the peak.
         "train_wall_s": round(loop_wall, 3), "achieved_flops_per_s": total_flops / loop_wall if loop_wall else None,
         "mfu": total_flops / loop_wall / peak["flops_per_s"] if loop_wall else None, "peak": {**peak, "processes": 1},
+        "numerics": numerics.report(),   # the machine's fingerprint and which exact fast paths ran
     }
     write_json(out_dir / "done.json", summary)
     return summary

@@ -17,13 +17,12 @@ what ``DynamicCache`` and eager attention give (see :mod:`opdgrpo.inference`).
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 from opdgrpo import flops as flop_formulas
-from opdgrpo.inference import LeanQwen3, fast_attention, sampling_cache
+from opdgrpo.inference import LeanQwen3, cache_kwarg, fast_attention, sampling_cache
 
 
 @dataclass
@@ -39,13 +38,6 @@ class Rollouts:
     finished: torch.BoolTensor  # (B,): the row ended with EOS
     flops: float  # FLOPs computed: prefill + every decode step (padding included)
     tokens_computed: int  # token positions pushed through the model (padding included)
-
-
-def _cache_kwarg(model: torch.nn.Module) -> str:
-    """transformers 5.24 names the forward's cache argument ``cache`` (``past_key_values`` is a deprecated alias
-    until 5.40); older 5.x releases only know ``past_key_values``."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 def _choose(
@@ -120,7 +112,7 @@ class _Stepper:
         self.model = model
         self.lean = LeanQwen3(model) if LeanQwen3.supports(model) else None
         self.cache = None if self.lean else sampling_cache(model.config)
-        self.cache_kw = None if self.lean else _cache_kwarg(model)
+        self.cache_kw = None if self.lean else cache_kwarg(model)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """Logits (rows x 1 x vocab) of the last position; ``attention_mask`` covers the cache and ``input_ids``."""

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from . import faults
+from . import faults, numerics
 from . import flops as F
 from .checkpoint import clear_run, config_hash, restore_rng, resume_point, save_checkpoint
 from .distributed import Workers, shard_bounds
@@ -450,7 +450,8 @@ def _train(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> dict[str, An
 
     summary = {"run": cfg["run_id"], "method": kind, "steps": steps, "cumulative_flops": cumulative,
                "final_eval": final["results"], "parameters": n_params,
-               "processes": workers.world, "wall_s": round(time.time() - started, 1), "counted": True}
+               "processes": workers.world, "wall_s": round(time.time() - started, 1), "counted": True,
+               "numerics": numerics.report()}   # the machine's fingerprint and which exact fast paths ran
     if main:
         totals: dict[str, float] = {}
         ledger = read_jsonl(ledger_path)

@@ -1,0 +1,166 @@
+"""The numerics fingerprint, and the fast paths' gates: a run's numbers never depend on whether a fast path ran.
+
+Each gate is tested on the machine at hand (whatever it decides there) and with each branch forced: a fast path
+made inexact on purpose must be refused, and ``OPDGRPO_FAST_PATHS=off`` must give the same numbers as ``auto``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from opdgrpo import inference, numerics
+from opdgrpo.models import autocast
+from opdgrpo.runio import read_jsonl
+from opdgrpo.sampling import sample
+
+
+@pytest.fixture(autouse=True)
+def _fresh_decisions(monkeypatch):
+    monkeypatch.delenv(numerics.ENV, raising=False)
+    numerics.reset()
+    yield
+    numerics.reset()
+
+
+def test_fingerprint_is_the_same_in_another_process_and_sees_one_changed_bit(monkeypatch):
+    here = numerics.fingerprint()
+    assert len(here) == 16 and int(here, 16) >= 0
+    other = subprocess.run([sys.executable, "-c", "from opdgrpo import numerics; print(numerics.fingerprint())"],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert other.stdout.strip() == here, other.stderr[-2000:]
+    real_linear = torch.nn.functional.linear
+
+    def last_bits_off(x, w, b=None):   # what another kernel's rounding would do to one element
+        out = real_linear(x, w, b)
+        out.view(-1)[0] *= 1 + 2 ** -6   # a few units in the last place of a bfloat16
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "linear", last_bits_off)
+    assert numerics.fingerprint.__wrapped__() != here
+
+
+def test_machine_names_the_cpu_and_its_vector_flags():
+    m = numerics.machine()
+    assert m["fingerprint"] == numerics.fingerprint() and m["torch"] == torch.__version__
+    assert m["cpu"] and m["cpu_flags"]
+
+
+def test_an_unknown_mode_is_an_error_naming_the_variable(monkeypatch):
+    monkeypatch.setenv(numerics.ENV, "fast")
+    with pytest.raises(ValueError, match="OPDGRPO_FAST_PATHS"):
+        numerics.mode()
+
+
+def _attention_inputs(heads=4, kv=2, dim=16, rows=3, q_len=1, length=9):
+    g = torch.Generator().manual_seed(0)
+    import types
+    module = types.SimpleNamespace(num_key_value_groups=heads // kv, training=False)
+    q, k = torch.randn(rows, heads, q_len, dim, generator=g), torch.randn(rows, kv, length, dim, generator=g)
+    v = torch.randn(rows, kv, length, dim, generator=g).bfloat16()
+    return module, q, k, v, torch.zeros(rows, 1, q_len, length), dim ** -0.5
+
+
+def test_an_inexact_fold_is_refused_and_eager_arithmetic_used(monkeypatch):
+    real = inference._folded_attention
+
+    def off_by_one_ulp(*args):
+        out, weights = real(*args)
+        return torch.nextafter(out, torch.full_like(out, float("inf"))), weights
+
+    monkeypatch.setattr(inference, "_folded_attention", off_by_one_ulp)
+    args = _attention_inputs()
+    with torch.no_grad(), autocast("bf16"):
+        got, _ = inference.eager_attention_no_grad(*args)
+        want, _ = inference.eager_attention_forward(*args)
+    assert torch.equal(got, want)
+    (decision,) = numerics.report()["fast_paths"]["folded_attention"].values()
+    assert decision["used"] is False and decision["first_difference"]["q_len"] == 1
+
+
+def test_the_fold_is_used_here_only_where_the_probe_found_it_exact():
+    args = _attention_inputs()
+    with torch.no_grad(), autocast("bf16"):
+        got, _ = inference.eager_attention_no_grad(*args)
+        want, _ = inference.eager_attention_forward(*args)
+    assert torch.equal(got, want)   # either path: the same bits
+    (decision,) = numerics.report()["fast_paths"]["folded_attention"].values()
+    assert decision["used"] is ("first_difference" not in decision) and decision["shapes_checked"] > 0
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = Qwen3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=2,
+                         intermediate_size=96, vocab_size=200, pad_token_id=0, eos_token_id=1, initializer_range=0.1,
+                         attn_implementation="eager")
+    return Qwen3ForCausalLM(config).eval()
+
+
+def _sample(model) -> dict:
+    prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15]] * 3
+    with autocast("bf16"):
+        r = sample(model, prompts, max_new_tokens=10, eos_token_id=1, pad_token_id=0,
+                   generator=torch.Generator().manual_seed(4))
+    return {"sequences": r.sequences.tolist(), "flops": r.flops, "completions": r.completions}
+
+
+def test_an_inexact_lean_forward_is_refused_and_the_models_forward_used(monkeypatch):
+    model = _model()
+    monkeypatch.setenv(numerics.ENV, "off")
+    reference = _sample(model)
+    monkeypatch.setenv(numerics.ENV, "auto")
+    real = inference.LeanQwen3.forward
+
+    def drifting(self, *args, **kwargs):
+        return real(self, *args, **kwargs) * (1 + 2 ** -7)
+
+    monkeypatch.setattr(inference.LeanQwen3, "forward", drifting)
+    assert _sample(model) == reference
+    decisions = numerics.report()["fast_paths"]["lean_forward"]
+    assert [d["used"] for d in decisions.values()] == [False]
+
+
+def test_off_and_auto_sample_the_same_tokens(monkeypatch):
+    model = _model()
+    auto = _sample(model)
+    used = [d["used"] for d in numerics.report()["fast_paths"]["lean_forward"].values()]
+    monkeypatch.setenv(numerics.ENV, "off")
+    assert _sample(model) == auto
+    assert used, "auto mode decided nothing about the lean forward"
+
+
+RUNS = ["grpo-student-math+code+ifeval+knowledge-s0", "opd-teacher_m-math+code+ifeval+knowledge-s0"]
+
+
+@pytest.mark.parametrize("run_id", RUNS)
+def test_a_training_run_gives_the_same_numbers_with_fast_paths_off(smoke_world, tmp_path, run_id):
+    """Rollouts, teacher forwards and evaluations with the fast paths (where exact here) and without any."""
+    from opdgrpo.train import train
+
+    _, plan = smoke_world
+    cfg = copy.deepcopy(plan.jobs[run_id].config)
+    cfg["method"]["steps"] = 2
+    out = {}
+    for mode in ("auto", "off"):
+        numerics.reset()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(numerics.ENV, mode)
+            out[mode] = train(copy.deepcopy(cfg), tmp_path / mode)
+    for name in ("ledger.jsonl", "evals.jsonl"):
+        a, b = (read_jsonl(tmp_path / mode / name) for mode in ("auto", "off"))
+        strip = lambda rows: [{k: v for k, v in r.items() if k not in ("wall_s", "achieved_flops_per_s")} for r in rows]
+        assert strip(a) == strip(b), name
+    assert out["auto"]["final_eval"] == out["off"]["final_eval"]
+    done = json.loads((Path(tmp_path) / "auto" / "done.json").read_text())["numerics"]
+    assert done["fingerprint"] == numerics.fingerprint() and done["fast_paths"]["mode"] == "auto"
+    assert done["fast_paths"]["lean_forward"], "the run's done.json records the lean-forward decision"
+    off = json.loads((Path(tmp_path) / "off" / "done.json").read_text())["numerics"]["fast_paths"]
+    assert all(not d["used"] for kind in ("folded_attention", "lean_forward") for d in off[kind].values())

@@ -1,0 +1,90 @@
+"""The pin store: bitwise pins bind only under their own fingerprint, and the tolerance comparison tells another
+CPU's arithmetic from a regression (tested on the two machines' real pins in ``tests/fixtures/speed_pins.json``)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from pins import PINS, PinStore, differences
+
+
+def test_pins_recorded_under_one_fingerprint_bind_only_there(tmp_path):
+    path = tmp_path / "pins.json"
+    PinStore(path, fingerprint="machine-a", record=True).bitwise("run/ledger", [{"loss": 0.5, "step": 0}])
+    PinStore(path, fingerprint="machine-a").bitwise("run/ledger", [{"loss": 0.5, "step": 0}])
+    with pytest.raises(AssertionError, match=r"run/ledger\[0\] differs"):
+        PinStore(path, fingerprint="machine-a").bitwise("run/ledger", [{"loss": 0.5000001, "step": 0}])
+    with pytest.raises(pytest.skip.Exception, match="fingerprint machine-b.*machine-a.*OPDGRPO_RECORD_PINS=1"):
+        PinStore(path, fingerprint="machine-b").bitwise("run/ledger", [{"loss": 0.5, "step": 0}])
+    # the unknown machine still runs the tolerance comparison against machine-a's pins
+    other = PinStore(path, fingerprint="machine-b")
+    other.within_tolerance("run/ledger", [{"loss": 0.52, "step": 0}])
+    with pytest.raises(AssertionError, match="loss"):
+        other.within_tolerance("run/ledger", [{"loss": 0.75, "step": 0}])
+
+
+def test_a_new_recording_replaces_only_its_own_machines_set(tmp_path):
+    path = tmp_path / "pins.json"
+    PinStore(path, fingerprint="machine-a", record=True).bitwise("x", 1)
+    PinStore(path, fingerprint="machine-b", record=True).bitwise("x", 2)
+    machines = json.loads(path.read_text())["machines"]
+    assert {fp: m["pins"] for fp, m in machines.items()} == {"machine-a": {"x": 1}, "machine-b": {"x": 2}}
+    assert machines["machine-b"]["machine"]["fingerprint"] == "machine-b"
+
+
+def _real_pins() -> dict[str, dict]:
+    machines = json.loads(PINS.read_text())["machines"]
+    if len(machines) < 2:
+        pytest.skip("the fixture holds one machine's pins")
+    return {fp: m["pins"] for fp, m in machines.items()}
+
+
+def _comparable(name: str, pin):
+    if name.startswith("sampler/"):
+        from test_speed_pins import _sampler_summary
+        return _sampler_summary(pin)
+    return pin
+
+
+def test_two_real_machines_agree_within_the_tolerances():
+    """The AMD EPYC's and the Intel Xeon's pins: the same code, other kernels; every pin within tolerance."""
+    pins = _real_pins()
+    (a, pa), (b, pb) = list(pins.items())[:2]
+    shared = sorted(set(pa) & set(pb))
+    assert len(shared) >= 20
+    for name in shared:
+        x, y = _comparable(name, pa[name]), _comparable(name, pb[name])
+        assert differences(x, y) == [] and differences(y, x) == [], name
+
+
+def _scale(record: dict, key_path: list[str], factor: float) -> dict:
+    record = copy.deepcopy(record)
+    node = record
+    for key in key_path[:-1]:
+        node = node[key]
+    node[key_path[-1]] *= factor
+    return record
+
+
+@pytest.mark.parametrize("regression", ["loss x1.5", "backward counted 3x", "responses twice as long",
+                                        "accuracy +0.3", "prompt tokens +20%", "one step fewer"])
+def test_a_regression_fails_the_tolerance_comparison(regression):
+    pins = next(iter(_real_pins().values()))
+    ledger, evals = pins["opd-teacher_m-math-s0/ledger"], pins["grpo-student-math-s0/evals"]
+    if regression == "loss x1.5":
+        changed, expected = [_scale(ledger[0], ["loss"], 1.5), *ledger[1:]], ledger
+    elif regression == "backward counted 3x":   # train FLOPs are forward + 2x backward: 4/3 of that
+        changed, expected = [_scale(line, ["flops", "train"], 4 / 3) for line in ledger], ledger
+    elif regression == "responses twice as long":
+        changed, expected = [_scale(line, ["mean_response_length"], 2.0) for line in ledger], ledger
+    elif regression == "accuracy +0.3":
+        changed = copy.deepcopy(evals)
+        changed[-1]["results"][0]["accuracy"] += 0.3
+        expected = evals
+    elif regression == "prompt tokens +20%":
+        changed, expected = [_scale(line, ["tokens", "prompt"], 1.2) for line in ledger], ledger
+    else:
+        changed, expected = ledger[:-1], ledger
+    assert differences(expected, changed), regression
