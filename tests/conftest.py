@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from opdgrpo.config import compose
 from opdgrpo.plan import build_plan
@@ -30,3 +31,12 @@ def smoke_world(tmp_path_factory):
         if job.label in ("student", "teacher_m"):
             pretrain(job.config, Path(job.out_dir))
     return cfg, plan
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """Tests (and the in-process train/pretrain calls they make) set torch's thread count; the thread count can choose
+    the kernel, so each test starts from the session's own."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)

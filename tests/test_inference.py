@@ -1,4 +1,10 @@
-"""The gradient-free fast path (opdgrpo.inference) gives exactly, bit for bit, what eager attention gives."""
+"""The gradient-free fast paths (opdgrpo.inference) give exactly, bit for bit, what eager attention gives.
+
+Every production forward goes through :func:`~opdgrpo.inference.choose_path`, which checks the fast paths against
+the reference once per process and takes them only where they are exact on this machine; the tests do the same
+first. Where a path the machine refused is called directly (``LeanQwen3`` on a machine where it was refused), the
+test requires the logits to be close (a few bfloat16 units in the last place) rather than equal.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import pytest
 import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
-from opdgrpo.inference import NAME, LeanQwen3, fast_attention, sampling_cache
+from opdgrpo.inference import LEAN, NAME, LeanQwen3, choose_path, fast_attention, sampling_cache
 from opdgrpo.models import autocast
 
 #: (heads, kv heads, head_dim, hidden): MHA, GQA 2:1 and 4:1, head_dim != hidden / heads (the tiny models' shapes).
@@ -30,22 +36,42 @@ def _batch(rows: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
     return ids.masked_fill(mask == 0, 0), mask
 
 
-def _decode(model, ids, mask, steps: int, fast: bool) -> list[torch.Tensor]:
-    """Prefill then ``steps`` cached decode steps feeding argmax tokens; the logits of every forward."""
+def _decode(model, ids, mask, steps: int, fast: bool, tokens: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """Prefill then ``steps`` cached decode steps feeding argmax tokens (or ``tokens``, to follow another run's
+    choices); the logits of every forward. ``fast``: the model under :func:`fast_attention` with a
+    :func:`sampling_cache`, once :func:`choose_path` has checked it."""
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = sampling_cache(model.config) if fast else DynamicCache(config=model.config)
+    if fast:
+        with torch.no_grad():
+            choose_path(model)
     context = fast_attention(model) if fast else torch.no_grad()
     outs = []
     with torch.no_grad(), context:
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
         outs.append(out.logits)
         pos = positions[:, -1:]
-        for _ in range(steps):
-            token = out.logits[:, -1].argmax(-1, keepdim=True)
+        for i in range(steps):
+            token = out.logits[:, -1].argmax(-1, keepdim=True) if tokens is None else tokens[i]
             mask, pos = torch.cat([mask, torch.ones_like(token)], -1), pos + 1
             out = model(input_ids=token, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
             outs.append(out.logits)
     return outs
+
+
+def _tokens(logits: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The argmax tokens a decode fed after each forward (for another path to follow)."""
+    return [out[:, -1].argmax(-1, keepdim=True) for out in logits[:-1]]
+
+
+def _same_or_close(model, precision: str, want: torch.Tensor, got: torch.Tensor, what: str) -> None:
+    """Equal where this machine's check accepted LeanQwen3 for ``model``; within a few bf16 ulps where it refused."""
+    with torch.no_grad(), autocast(precision):
+        lean_here = choose_path(model) == LEAN
+    if lean_here:
+        assert torch.equal(want, got), f"{what}: logits differ"
+    else:
+        torch.testing.assert_close(got, want, rtol=0, atol=2 ** -6 * float(want.abs().max()), msg=what)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -140,8 +166,9 @@ def test_folded_attention_matches_eager_on_random_bf16_shapes():
         assert torch.equal(a, b), dict(rows=rows, heads=kv * groups, kv=kv, q_len=q_len, length=length, dim=dim)
 
 
-def _lean_decode(model, ids, mask, steps: int) -> list[torch.Tensor]:
-    """:func:`_decode` through :class:`LeanQwen3`: prefill logits of every position, then cached decode steps."""
+def _lean_decode(model, ids, mask, tokens: list[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`_decode` through :class:`LeanQwen3` feeding ``tokens``: prefill logits of every position, then cached
+    decode steps."""
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     outs = []
     with torch.no_grad():
@@ -150,8 +177,7 @@ def _lean_decode(model, ids, mask, steps: int) -> list[torch.Tensor]:
         out = lean.forward(ids, positions, LeanQwen3.mask_bias(mask, ids.shape[1]), logits_to_keep=ids.shape[1])
         outs.append(out)
         pos = positions[:, -1:]
-        for _ in range(steps):
-            token = out[:, -1].argmax(-1, keepdim=True)
+        for token in tokens:
             mask, pos = torch.cat([mask, torch.ones_like(token)], -1), pos + 1
             out = lean.forward(token, pos, LeanQwen3.mask_bias(mask, 1))
             outs.append(out)
@@ -160,16 +186,17 @@ def _lean_decode(model, ids, mask, steps: int) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"h{h}kv{k}d{d}" for h, k, d, _ in SHAPES])
 def test_lean_forward_is_bitwise_the_models_own(shape):
-    """LeanQwen3 against the model's own forward (eager attention, DynamicCache), prefill and decode logits."""
+    """LeanQwen3 against the model's own forward (eager attention, DynamicCache), prefill and decode logits: equal
+    where this machine's check accepted it, close where it refused it."""
     torch.set_num_threads(1)
     model = _model(*shape)
     for rows, width, seed in [(1, 5, 0), (7, 9, 1), (33, 13, 2)]:
         ids, mask = _batch(rows, width, seed)
         with autocast("bf16"):
             eager = _decode(model, ids, mask, steps=6, fast=False)
-            lean = _lean_decode(model, ids, mask, steps=6)
+            lean = _lean_decode(model, ids, mask, _tokens(eager))
         for step, (a, b) in enumerate(zip(eager, lean)):
-            assert torch.equal(a, b), f"rows {rows} width {width} forward {step}: logits differ"
+            _same_or_close(model, "bf16", a, b, f"rows {rows} width {width} forward {step}")
 
 
 def test_lean_forward_keeps_biases_and_drops_rows_like_the_cache():
@@ -194,7 +221,7 @@ def test_lean_forward_keeps_biases_and_drops_rows_like_the_cache():
         lean.forward(ids, positions, LeanQwen3.mask_bias(mask, ids.shape[1]))
         lean.select(keep)
         got = lean.forward(token, positions[keep, -1:] + 1, LeanQwen3.mask_bias(step_mask, 1))
-    assert torch.equal(want, got)
+    _same_or_close(model, "bf16", want, got, "decode step after dropping rows")
 
 
 def test_lean_mask_is_the_eager_mask():
@@ -242,4 +269,5 @@ def test_frozen_forward_is_the_teachers_own_forward(precision):
             want = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=4).logits
             got = frozen(ids, mask, positions, logits_to_keep=4)
         assert torch.equal(want, got)
-    assert (frozen.lean is not None) == (precision == "bf16")
+    assert (frozen.lean is not None) == (frozen.path == LEAN)
+    assert precision == "bf16" or frozen.path != LEAN   # float32: never the lean forward

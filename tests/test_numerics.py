@@ -61,32 +61,34 @@ def test_an_unknown_mode_is_an_error_naming_the_variable(monkeypatch):
 
 
 def _attention_inputs(heads=4, kv=2, dim=16, rows=3, q_len=1, length=9):
-    g = torch.Generator().manual_seed(0)
     import types
+
+    g = torch.Generator().manual_seed(0)
     module = types.SimpleNamespace(num_key_value_groups=heads // kv, training=False)
     q, k = torch.randn(rows, heads, q_len, dim, generator=g), torch.randn(rows, kv, length, dim, generator=g)
     v = torch.randn(rows, kv, length, dim, generator=g).bfloat16()
     return module, q, k, v, torch.zeros(rows, 1, q_len, length), dim ** -0.5
 
 
-def test_an_inexact_fold_is_refused_and_eager_arithmetic_used(monkeypatch):
-    real = inference._folded_attention
-
-    def off_by_one_ulp(*args):
+def _off_by_some_ulps(real):
+    def fold(*args):
         out, weights = real(*args)
-        return torch.nextafter(out, torch.full_like(out, float("inf"))), weights
+        return out * (1 + 2 ** -6), weights
+    return fold
 
-    monkeypatch.setattr(inference, "_folded_attention", off_by_one_ulp)
+
+def test_an_inexact_fold_is_refused_and_eager_arithmetic_used(monkeypatch):
+    monkeypatch.setattr(inference, "_folded_attention", _off_by_some_ulps(inference._folded_attention))
     args = _attention_inputs()
     with torch.no_grad(), autocast("bf16"):
         got, _ = inference.eager_attention_no_grad(*args)
         want, _ = inference.eager_attention_forward(*args)
     assert torch.equal(got, want)
     (decision,) = numerics.report()["fast_paths"]["folded_attention"].values()
-    assert decision["used"] is False and decision["first_difference"]["q_len"] == 1
+    assert decision["used"] is False and decision["first_difference"] == {"rows": 1, "q_len": 1, "kv_len": 1}
 
 
-def test_the_fold_is_used_here_only_where_the_probe_found_it_exact():
+def test_the_fold_is_used_here_only_where_the_sweep_found_it_exact():
     args = _attention_inputs()
     with torch.no_grad(), autocast("bf16"):
         got, _ = inference.eager_attention_no_grad(*args)
@@ -112,29 +114,50 @@ def _sample(model) -> dict:
     return {"sequences": r.sequences.tolist(), "flops": r.flops, "completions": r.completions}
 
 
+def _paths() -> list[dict]:
+    return list(numerics.report()["fast_paths"]["paths"].values())
+
+
 def test_an_inexact_lean_forward_is_refused_and_the_models_forward_used(monkeypatch):
     model = _model()
     monkeypatch.setenv(numerics.ENV, "off")
     reference = _sample(model)
+    assert [d["path"] for d in _paths()] == ["reference"]
+    numerics.reset()
     monkeypatch.setenv(numerics.ENV, "auto")
     real = inference.LeanQwen3.forward
 
     def drifting(self, *args, **kwargs):
-        return real(self, *args, **kwargs) * (1 + 2 ** -7)
+        return real(self, *args, **kwargs) * (1 + 2 ** -6)
 
     monkeypatch.setattr(inference.LeanQwen3, "forward", drifting)
     assert _sample(model) == reference
-    decisions = numerics.report()["fast_paths"]["lean_forward"]
-    assert [d["used"] for d in decisions.values()] == [False]
+    (decision,) = _paths()
+    assert decision["path"] != "lean" and decision["refused"][0] == "lean"
+
+
+def test_a_fold_inexact_only_inside_the_model_is_vetoed_and_the_rest_kept(monkeypatch):
+    """The sweep passes (forced) but the fold changes the model's bits: the model-level check vetoes the fold for
+    that head layout and keeps the lean forward with eager arithmetic."""
+    model = _model()
+    monkeypatch.setenv(numerics.ENV, "off")
+    reference = _sample(model)
+    numerics.reset()
+    monkeypatch.setenv(numerics.ENV, "auto")
+    monkeypatch.setattr(inference, "_folded_attention", _off_by_some_ulps(inference._folded_attention))
+    monkeypatch.setattr(inference, "_fold_sweep", lambda layout, mode: True)
+    assert _sample(model) == reference
+    (decision,) = _paths()
+    assert decision == {"path": "lean", "fold": False, "refused": ["lean", "fast"]}
 
 
 def test_off_and_auto_sample_the_same_tokens(monkeypatch):
     model = _model()
     auto = _sample(model)
-    used = [d["used"] for d in numerics.report()["fast_paths"]["lean_forward"].values()]
+    assert _paths(), "auto mode decided nothing"
+    numerics.reset()
     monkeypatch.setenv(numerics.ENV, "off")
     assert _sample(model) == auto
-    assert used, "auto mode decided nothing about the lean forward"
 
 
 RUNS = ["grpo-student-math+code+ifeval+knowledge-s0", "opd-teacher_m-math+code+ifeval+knowledge-s0"]
@@ -159,8 +182,9 @@ def test_a_training_run_gives_the_same_numbers_with_fast_paths_off(smoke_world, 
         strip = lambda rows: [{k: v for k, v in r.items() if k not in ("wall_s", "achieved_flops_per_s")} for r in rows]
         assert strip(a) == strip(b), name
     assert out["auto"]["final_eval"] == out["off"]["final_eval"]
-    done = json.loads((Path(tmp_path) / "auto" / "done.json").read_text())["numerics"]
-    assert done["fingerprint"] == numerics.fingerprint() and done["fast_paths"]["mode"] == "auto"
-    assert done["fast_paths"]["lean_forward"], "the run's done.json records the lean-forward decision"
+    auto = json.loads((Path(tmp_path) / "auto" / "done.json").read_text())["numerics"]
+    assert auto["fingerprint"] == numerics.fingerprint() and auto["fast_paths"]["mode"] == "auto"
+    models = 2 if run_id.startswith("opd") else 1   # the student, and the teacher of an OPD run
+    assert len(auto["fast_paths"]["paths"]) == models, "done.json records one path decision per model"
     off = json.loads((Path(tmp_path) / "off" / "done.json").read_text())["numerics"]["fast_paths"]
-    assert all(not d["used"] for kind in ("folded_attention", "lean_forward") for d in off[kind].values())
+    assert {d["path"] for d in off["paths"].values()} == {"reference"} and not off.get("folded_attention")

@@ -202,11 +202,15 @@ def test_smoke_dag_through_slurm_matches_a_local_run(slurm_and_local_dags):
     values = [c for c in local_curves.columns if c not in keys]
     a, b = merged[[f"{c}_slurm" for c in values]].to_numpy(), merged[[f"{c}_local" for c in values]].to_numpy()
     differ = merged[((a != b) & ~(pd.isna(a) & pd.isna(b))).any(axis=1)]
-    code = differ[differ["eval_domain"] == "code"]
-    other = differ[differ["eval_domain"] != "code"]
-    assert other.empty, f"non-code curve rows differ between SLURM and local runs:\n{other[keys].to_string()}"
-    if not code.empty:  # code rewards run under wall-clock sandbox limits: a loaded machine can time a test out
-        warnings.warn(f"{len(code)} code curve rows differ between SLURM and local runs: {code[keys].to_string()}")
+    # Code rewards run under wall-clock sandbox limits (the two DAGs share the cores on purpose), so a loaded machine
+    # can time out a correct program: during evaluation that moves a code row; during training it moves the run's
+    # advantages, so every row of a run that trains on code prompts (experts, joint runs, OPD routed to code).
+    timed = (differ["eval_domain"] == "code") | differ["train_domains"].astype(str).str.split("+").apply(lambda d: "code" in d)
+    code, other = differ[timed], differ[~timed]
+    assert other.empty, f"curve rows untouched by code rewards differ between SLURM and local runs:\n{other[keys].to_string()}"
+    if not code.empty:
+        warnings.warn(f"{len(code)} curve rows that depend on timed code rewards differ between SLURM and local runs: "
+                      f"{code[keys].to_string()}")
 
 
 def test_sigterm_checkpoints_and_a_rerun_resumes(slurm_and_local_dags):

@@ -59,11 +59,27 @@ def _check_bitwise(store: PinStore, observed: dict) -> None:
         store.bitwise(name, value)
 
 
-def _check_tolerance(store: PinStore, observed: dict, summarize=lambda x: x) -> None:
+def tolerance_view(name: str, pin):
+    """What the tolerance comparison looks at in pin ``name``.
+
+    A sampler pin's tokens change with the last bits, so it is summarised (:func:`_sampler_summary`). A GRPO step's
+    loss and gradient norm hinge on discrete events: a step whose groups all tie on reward has zero advantages, so
+    zero loss and gradient, and one reward flipped by another CPU's sampling makes both jump (an AVX2 build gave a
+    gradient norm of 0.32 where both pinned machines had 0). They are left to the bitwise pins and to
+    ``tests/test_losses.py``'s hand-worked values; the GRPO ledger's FLOPs, tokens, rewards and lengths are compared.
+    """
+    if name.startswith("sampler/"):
+        return _sampler_summary(pin)
+    if name.startswith("grpo-") and name.endswith("/ledger"):
+        return [{k: v for k, v in line.items() if k not in ("loss", "grad_norm", "metrics")} for line in pin]
+    return pin
+
+
+def _check_tolerance(store: PinStore, observed: dict) -> None:
     if RECORD:
         pytest.skip("recording pins")
     for name, value in observed.items():
-        store.within_tolerance(name, value, summarize)
+        store.within_tolerance(name, value, lambda pin: tolerance_view(name, pin))
 
 
 RUNS = [  # (run id in the smoke plan, steps): one and four domains, GRPO and OPD (one teacher routed to 4 domains)
@@ -170,4 +186,4 @@ def test_sampler_outputs_are_unchanged_bit_for_bit(store, sampled):
 
 
 def test_sampler_outputs_are_unchanged_within_tolerance(store, sampled):
-    _check_tolerance(store, sampled, _sampler_summary)
+    _check_tolerance(store, sampled)

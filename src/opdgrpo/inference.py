@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
+import types
 from typing import Iterator
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
@@ -62,17 +65,12 @@ def _folded_attention(module, query, key, value, attention_mask, scaling):
     return out.view(batch, heads, q_len, head_dim).transpose(1, 2).contiguous(), weights
 
 
-def _reference_attention(module, query, key, value, attention_mask, scaling):
-    return eager_attention_forward(module, query, key, value, attention_mask, scaling)
-
-
 def eager_attention_no_grad(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """``transformers``' eager attention, without the per-head copies of keys and values when no gradient flows
-    and the folded multiply is exact on this machine (:func:`opdgrpo.numerics.folded_attention_exact`)."""
+    and the folded multiply is exact on this machine (:func:`fold_allowed`)."""
     cast = _autocast_dtype(query.device.type)
     if (torch.is_grad_enabled() or (dropout and module.training) or cast != torch.bfloat16
-            or not numerics.folded_attention_exact(query.shape[1], key.shape[1], query.shape[-1], query.device.type,
-                                                   _folded_attention, _reference_attention)):
+            or not fold_allowed(query.shape[1], key.shape[1], query.shape[-1], query.device.type)):
         return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
     return _folded_attention(module, query, key, value, attention_mask, scaling)
 
@@ -172,8 +170,9 @@ class LeanQwen3:
 
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
-        """Whether it reproduces ``model``'s own forward: the architecture and settings it implements, and the
-        bits checked once per process on this machine (:func:`opdgrpo.numerics.lean_forward_exact`)."""
+        """Whether it implements ``model`` under the current settings: Qwen3, full attention, default RoPE, SiLU,
+        eager attention, bfloat16 autocast, eval mode, no gradients. Whether its bits equal the model's own on this
+        machine is :func:`choose_path`'s question."""
         config = getattr(model, "config", None)
         if type(model).__name__ != "Qwen3ForCausalLM" or config is None or torch.is_grad_enabled():
             return False
@@ -181,8 +180,7 @@ class LeanQwen3:
         rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
         return (config._attn_implementation in ("eager", NAME) and _autocast_dtype(device) == torch.bfloat16
                 and all(t == "full_attention" for t in getattr(config, "layer_types", None) or ["full_attention"])
-                and rope == "default" and config.hidden_act == "silu" and not model.training
-                and numerics.lean_forward_exact(model, _lean_decode, _reference_decode))
+                and rope == "default" and config.hidden_act == "silu" and not model.training)
 
     @staticmethod
     def mask_bias(attention_mask: torch.Tensor, q_len: int) -> torch.Tensor:
@@ -234,32 +232,28 @@ class LeanQwen3:
 class FrozenForward:
     """Gradient-free forwards of a model that never changes during a run (OPD's teachers).
 
-    :class:`LeanQwen3` where it reproduces the model's own forward, its bfloat16 weights cast once for the run rather
-    than by autocast on every call (a frozen model's weights need no gradient, so autocast does not cache their
-    casts); otherwise the model itself under :func:`fast_attention`. The logits are the same bits either way.
+    The path :func:`choose_path` picks, decided at the first call under the run's autocast: :class:`LeanQwen3` with
+    the bfloat16 weights cast once for the run rather than by autocast on every call (a frozen model's weights need
+    no gradient, so autocast does not cache their casts), the model under :func:`fast_attention`, or the model itself.
+    The logits are the reference's bits whichever it is.
     """
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
+        self.path: str | None = None
         self.lean: LeanQwen3 | None = None
-        self.checked = False
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                  logits_to_keep: int) -> torch.Tensor:
-        if not self.checked:   # decided at the first call, under the run's autocast
-            self.lean = LeanQwen3(self.model) if LeanQwen3.supports(self.model) else None
-            self.checked = True
+        if self.path is None:
+            self.path = choose_path(self.model)
+            self.lean = LeanQwen3(self.model) if self.path == LEAN else None
         if self.lean is not None:
             mask = LeanQwen3.mask_bias(attention_mask, input_ids.shape[1])
             return self.lean.forward(input_ids, position_ids, mask, logits_to_keep=logits_to_keep, cache=False)
-        with fast_attention(self.model):
+        with fast_attention(self.model) if self.path == FAST else contextlib.nullcontext():
             return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                               logits_to_keep=logits_to_keep).logits
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# The two paths :func:`opdgrpo.numerics.lean_forward_exact` compares: a prefill, then greedy decode steps against the
-# cache, with one row leaving the batch after the second step (as finished rows leave the sampler's batch).
 
 
 def cache_kwarg(model: torch.nn.Module) -> str:
@@ -269,18 +263,165 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# Which path is exact on this machine: checked once per process, never assumed (issue 16: the folded multiply that
+# was exact on an AMD EPYC differed in the last bits on an Intel Xeon with AMX). Decisions go to done.json through
+# opdgrpo.numerics.
+
+LEAN, FAST, REFERENCE = "lean", "fast", "reference"
+#: Per head layout (heads, kv_heads, head_dim, device, threads) and mode: whether the fold passed the sweep.
+_fold_verdicts: dict[tuple, bool] = {}
+#: Head layouts whose fold a model-level check found inexact although the sweep passed.
+_fold_vetoed: set[tuple] = set()
+_paths: dict[tuple, str] = {}
+
+
+def _forget() -> None:
+    _fold_verdicts.clear()
+    _fold_vetoed.clear()
+    _paths.clear()
+
+
+numerics.on_reset(_forget)
+
+
+def _layout(heads: int, kv_heads: int, head_dim: int, device: str) -> tuple:
+    return heads, kv_heads, head_dim, device, torch.get_num_threads()
+
+
+def fold_allowed(heads: int, kv_heads: int, head_dim: int, device: str) -> bool:
+    """Whether the folded GQA multiply may replace eager attention for this head layout here: not vetoed by a model's
+    check (:func:`choose_path`) and exact over :func:`_fold_sweep`'s shapes, under ``OPDGRPO_FAST_PATHS=auto``."""
+    layout, mode = _layout(heads, kv_heads, head_dim, device), numerics.mode()
+    if (layout, mode) not in _fold_verdicts:
+        _fold_verdicts[layout, mode] = _fold_sweep(layout, mode)
+    return layout not in _fold_vetoed and _fold_verdicts[layout, mode]
+
+
+def _model_like(rows: int, length: int, heads: int, head_dim: int, generator, device: str) -> torch.Tensor:
+    """A (rows, heads, length, head_dim) tensor laid out as the model makes it: (rows, length, heads, head_dim)
+    transposed (the multiply's kernel can depend on the strides, not only the shape)."""
+    return torch.randn(rows, length, heads, head_dim, generator=generator).to(device).transpose(1, 2)
+
+
+def _fold_sweep(layout: tuple, mode: str) -> bool:
+    """The fold against eager attention on decode steps and prefills, short and long contexts, masked prefixes, with
+    the model's layouts: queries transposed, keys as a prefill leaves them (transposed) or as the cache's
+    concatenation leaves them (contiguous), values in bfloat16."""
+    heads, kv_heads, head_dim, device, threads = layout
+    key = f"heads={heads} kv_heads={kv_heads} head_dim={head_dim} device={device} threads={threads}"
+    if mode == "off":
+        numerics.record("folded_attention", key, {"used": False, "reason": f"{numerics.ENV}=off"})
+        return False
+    module = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, training=False)
+    g = torch.Generator().manual_seed(heads * 1000 + kv_heads * 100 + head_dim)
+    checked, first_difference = 0, None
+    with torch.no_grad(), _disable_current_modes(), torch.autocast(device, dtype=torch.bfloat16):
+        for rows, q_len, extra in itertools.product((1, 3, 8, 64), (1, 2, 7, 33), (0, 5, 31, 96)):
+            length = q_len + extra
+            q = _model_like(rows, q_len, heads, head_dim, g, device)
+            k = _model_like(rows, length, kv_heads, head_dim, g, device)
+            v = _model_like(rows, length, kv_heads, head_dim, g, device).to(torch.bfloat16)
+            if q_len == 1:   # a decode step reads the concatenated cache
+                k, v = k.contiguous(), v.contiguous()
+            mask = torch.zeros(rows, 1, q_len, length, device=device)
+            mask[..., : (rows * 7 + length) % length] = torch.finfo(torch.float32).min
+            a, _ = eager_attention_forward(module, q, k, v, mask, head_dim ** -0.5)
+            b, _ = _folded_attention(module, q, k, v, mask, head_dim ** -0.5)
+            checked += 1
+            if not torch.equal(a, b):
+                first_difference = {"rows": rows, "q_len": q_len, "kv_len": length}
+                break
+    exact = first_difference is None
+    numerics.record("folded_attention", key, {"used": exact, "shapes_checked": checked,
+                                              **({} if exact else {"first_difference": first_difference})})
+    return exact
+
+
+def _signature(model: torch.nn.Module) -> tuple:
+    cfg, param = model.config, next(model.parameters())
+    return (type(model).__name__, cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
+            cfg.num_attention_heads, cfg.num_key_value_heads, getattr(cfg, "head_dim", None), cfg.vocab_size,
+            bool(getattr(cfg, "tie_word_embeddings", False)), bool(getattr(cfg, "attention_bias", False)),
+            getattr(getattr(model, "lm_head", None), "bias", None) is not None, str(param.dtype).removeprefix("torch."),
+            param.device.type, str(_autocast_dtype(param.device.type)).removeprefix("torch."),
+            cfg._attn_implementation if cfg._attn_implementation != NAME else "eager", torch.get_num_threads(),
+            numerics.mode())
+
+
+def choose_path(model: torch.nn.Module) -> str:
+    """The fastest gradient-free path that gives ``model``'s own eager-forward bits on this machine, under the current
+    autocast: :data:`LEAN` (:class:`LeanQwen3`), :data:`FAST` (the model under :func:`fast_attention` with a
+    :func:`sampling_cache`) or :data:`REFERENCE` (the model, eager attention, a plain ``DynamicCache``).
+
+    Checked once per process and model architecture on a probe batch (left-padded prefill, cached decode steps, a
+    row leaving the cache); where the fast path differs only through the folded multiply, the fold is vetoed for
+    that head layout and the rest kept.
+    """
+    if model.training:   # dropout may apply: only the model's own forward computes that
+        return REFERENCE
+    signature = _signature(model)
+    if signature not in _paths:
+        _paths[signature] = _check_paths(model, signature)
+    return _paths[signature]
+
+
+def _check_paths(model: torch.nn.Module, signature: tuple) -> str:
+    names = ("model", "hidden", "ffn", "layers", "heads", "kv_heads", "head_dim", "vocab", "tied", "attention_bias",
+             "head_bias", "dtype", "device", "autocast", "attention", "threads")
+    key = " ".join(f"{n}={v}" for n, v in zip(names, signature))
+    if numerics.mode() == "off":
+        numerics.record("paths", key, {"path": REFERENCE, "reason": f"{numerics.ENV}=off"})
+        return REFERENCE
+    cfg, device = model.config, next(model.parameters()).device.type
+    layout = _layout(cfg.num_attention_heads, cfg.num_key_value_heads,
+                     int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads), device)
+    candidates = ([LEAN] if LeanQwen3.supports(model) else []) + [FAST]
+    refused: list[str] = []
+    # Invisible to dispatch modes around the caller (a FlopCounterMode counting a sampler call must not count the
+    # check's forwards); torch has no public switch for this.
+    with torch.no_grad(), _disable_current_modes():
+        ids, mask = _probe_batch(cfg.vocab_size, next(model.parameters()).device)
+        want = _reference_decode(model, ids, mask)
+        for veto in (False, True):
+            if veto:
+                if not fold_allowed(*layout[:4]):
+                    break   # the fold was not in play: vetoing it changes nothing
+                _fold_vetoed.add(layout)
+            for path in candidates:
+                got = (_lean_decode if path == LEAN else _fast_decode)(model, ids, mask)
+                if len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(want, got)):
+                    numerics.record("paths", key, {"path": path, "fold": fold_allowed(*layout[:4]),
+                                                   **({"refused": refused} if refused else {})})
+                    return path
+                refused.append(path + (" (fold vetoed)" if veto else ""))
+    numerics.record("paths", key, {"path": REFERENCE, "fold": False, "refused": refused})
+    return REFERENCE
+
+
+def _probe_batch(vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """6 rows x 13 tokens, left-padded by different amounts."""
+    ids = torch.randint(3, vocab, (6, 13), generator=torch.Generator().manual_seed(11)).to(device)
+    mask = torch.ones_like(ids)
+    for row, pad in enumerate((0, 4, 1, 9, 0, 2)):
+        mask[row, :pad] = 0
+    return ids, mask
+
+
 @contextlib.contextmanager
 def _plain_eager(model: torch.nn.Module) -> Iterator[None]:
     """``transformers``' own eager attention inside the block, even within :func:`fast_attention`."""
     previous = model.config._attn_implementation
-    model.config._attn_implementation = "eager"
+    if previous == NAME:
+        model.config._attn_implementation = "eager"
     try:
         yield
     finally:
         model.config._attn_implementation = previous
 
 
-def _greedy_decode(step, select, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> list[torch.Tensor]:
+def _greedy_decode(step, select, ids: torch.Tensor, mask: torch.Tensor, steps: int = 6) -> list[torch.Tensor]:
+    """Prefill logits of every position, then ``steps`` greedy decode steps; one row leaves after the second."""
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     out = step(ids, mask, positions, ids.shape[1])
     outs, pos = [out], positions[:, -1:]
@@ -296,21 +437,30 @@ def _greedy_decode(step, select, ids: torch.Tensor, mask: torch.Tensor, steps: i
     return outs
 
 
-def _reference_decode(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> list[torch.Tensor]:
-    """The model's own forward with eager attention and a plain ``DynamicCache``."""
-    cache, kw = DynamicCache(config=model.config), cache_kwarg(model)
+def _model_decode(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache) -> list[torch.Tensor]:
+    kw = cache_kwarg(model)
 
     def step(x, m, p, keep):
         return model(input_ids=x, attention_mask=m, position_ids=p, use_cache=True, logits_to_keep=keep, **{kw: cache}).logits
 
+    return _greedy_decode(step, cache.batch_select_indices, ids, mask)
+
+
+def _reference_decode(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+    """The model's own forward with eager attention (or its own kernel) and a plain ``DynamicCache``."""
     with _plain_eager(model):
-        return _greedy_decode(step, cache.batch_select_indices, ids, mask, steps)
+        return _model_decode(model, ids, mask, DynamicCache(config=model.config))
 
 
-def _lean_decode(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> list[torch.Tensor]:
+def _fast_decode(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+    with fast_attention(model):
+        return _model_decode(model, ids, mask, sampling_cache(model.config))
+
+
+def _lean_decode(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
     lean = LeanQwen3(model)
 
     def step(x, m, p, keep):
         return lean.forward(x, p, LeanQwen3.mask_bias(m, x.shape[1]), logits_to_keep=keep)
 
-    return _greedy_decode(step, lean.select, ids, mask, steps)
+    return _greedy_decode(step, lean.select, ids, mask)

@@ -8,10 +8,10 @@ one Intel Xeon, AVX512-BF16 on another, and blocks its loops by the caches it fi
   reductions, the transcendental functions and one training step of a smoke-sized Qwen3) at one thread, the thread
   count of the pinned runs. Two machines with the same fingerprint took the same kernel paths on all of it; bitwise
   test pins are keyed by it (``tests/pins.py``).
-* :func:`folded_attention_exact` and :func:`lean_forward_exact` decide, once per process and shape family, whether
-  :mod:`opdgrpo.inference`'s gradient-free fast paths reproduce the reference (``transformers``' eager forward) bit
-  for bit *here*. Where they do not, the callers take the reference path, so a run's numbers never depend on whether
-  a fast path was taken. The decisions are kept for ``done.json`` (:func:`report`).
+* :mod:`opdgrpo.inference` checks, once per process and model, whether its gradient-free fast paths reproduce the
+  reference (``transformers``' eager forward) bit for bit *here*, and takes the reference path where they do not, so
+  a run's numbers never depend on whether a fast path was taken. The decisions are recorded here for ``done.json``
+  (:func:`report`).
 
 ``OPDGRPO_FAST_PATHS`` (environment) chooses: ``auto`` (the default: check, then use where exact) or ``off`` (never:
 the reference path everywhere, e.g. to compare a run against the fast one). It is not a config key on purpose: it
@@ -24,8 +24,6 @@ import functools
 import hashlib
 import os
 import platform
-import random
-import types
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -137,109 +135,30 @@ def machine() -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Fast-path gates
+# The fast-path decisions a process took (made in :mod:`opdgrpo.inference`, which owns the paths and their checks)
+
+#: ``{kind: {key: decision}}``, e.g. ``{"folded_attention": {"heads=4 kv_heads=2 ...": {"used": True, ...}}}``.
+_decisions: dict[str, dict[str, dict[str, Any]]] = {}
+_reset_hooks: list[Callable[[], None]] = []
 
 
-def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+def record(kind: str, key: str, decision: dict[str, Any]) -> None:
+    _decisions.setdefault(kind, {})[key] = decision
 
 
-def _attention_shapes() -> Iterator[tuple[int, int, int]]:
-    """(rows, query length, key length): decode steps and prefills, short and long contexts, masked prefixes."""
-    for rows in (1, 3, 8, 64):
-        for q_len in (1, 2, 7, 33):
-            for extra in (0, 5, 31, 96):
-                yield rows, q_len, q_len + extra
-
-
-def folded_attention_exact(heads: int, kv_heads: int, head_dim: int, device: str, fold: Callable,
-                           reference: Callable) -> bool:
-    """Whether ``fold`` (the folded-GQA attention) equals ``reference`` (eager attention) bit for bit on this machine,
-    at this head layout, over the shapes of :func:`_attention_shapes`, under bfloat16 autocast and no gradients.
-
-    Checked once per process, head layout, device type and thread count; off in ``OPDGRPO_FAST_PATHS=off``.
-    """
-    return _fold_decision(heads, kv_heads, head_dim, device, torch.get_num_threads(), mode(), fold, reference)
-
-
-@functools.lru_cache(maxsize=None)
-def _fold_decision(heads: int, kv_heads: int, head_dim: int, device: str, threads: int, how: str, fold,
-                   reference) -> bool:
-    key = f"heads={heads} kv_heads={kv_heads} head_dim={head_dim} device={device} threads={threads}"
-    if how == "off":
-        _decisions["folded_attention"][key] = {"used": False, "reason": f"{ENV}=off"}
-        return False
-    module = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, training=False)
-    rng = random.Random(heads * 1000 + head_dim)
-    g = torch.Generator().manual_seed(heads * 7 + kv_heads)
-    checked, first_difference = 0, None
-    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
-        for rows, q_len, length in _attention_shapes():
-            q = torch.randn(rows, heads, q_len, head_dim, generator=g).to(device)
-            k = torch.randn(rows, kv_heads, length, head_dim, generator=g).to(device)
-            v = torch.randn(rows, kv_heads, length, head_dim, generator=g).to(device, torch.bfloat16)
-            mask = torch.zeros(rows, 1, q_len, length, device=device)
-            mask[..., : rng.randint(0, length - 1)] = torch.finfo(torch.float32).min
-            a, _ = reference(module, q, k, v, mask, head_dim ** -0.5)
-            b, _ = fold(module, q, k, v, mask, head_dim ** -0.5)
-            checked += 1
-            if not _equal(a, b):
-                first_difference = {"rows": rows, "q_len": q_len, "kv_len": length}
-                break
-    exact = first_difference is None
-    _decisions["folded_attention"][key] = {"used": exact, "shapes_checked": checked,
-                                           **({"first_difference": first_difference} if not exact else {})}
-    return exact
-
-
-def lean_forward_exact(model: torch.nn.Module, lean_logits: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, int],
-                                                                      list[torch.Tensor]],
-                       reference_logits: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, int], list[torch.Tensor]]) -> bool:
-    """Whether the lean forward's prefill and cached decode logits equal the model's own eager forward bit for bit,
-    on this model (left-padded rows, rows dropping out of the cache), once per process, architecture and thread
-    count. The callables return the logits of a prefill followed by ``steps`` greedy decode steps."""
-    cfg = model.config
-    signature = (type(model).__name__, cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
-                 cfg.num_attention_heads, cfg.num_key_value_heads, getattr(cfg, "head_dim", None), cfg.vocab_size,
-                 bool(getattr(cfg, "tie_word_embeddings", False)), torch.get_num_threads(), mode())
-    cached = _lean_cache.get(signature)
-    if cached is None:
-        cached = _lean_cache[signature] = _lean_decision(model, signature, lean_logits, reference_logits)
-    return cached
-
-
-_lean_cache: dict[tuple, bool] = {}
-
-
-def _lean_decision(model, signature: tuple, lean_logits, reference_logits) -> bool:
-    key = " ".join(f"{n}={v}" for n, v in zip(("model", "hidden", "ffn", "layers", "heads", "kv_heads", "head_dim",
-                                                  "vocab", "tied", "threads"), signature))
-    if signature[-1] == "off":
-        _decisions["lean_forward"][key] = {"used": False, "reason": f"{ENV}=off"}
-        return False
-    vocab, device = model.config.vocab_size, next(model.parameters()).device
-    g = torch.Generator().manual_seed(11)
-    ids = torch.randint(3, vocab, (6, 13), generator=g).to(device)
-    mask = torch.ones_like(ids)
-    for row, pad in enumerate((0, 4, 1, 9, 0, 2)):   # left padding of different lengths
-        mask[row, :pad] = 0
-    steps = 6
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
-        want = reference_logits(model, ids, mask, steps)
-        got = lean_logits(model, ids, mask, steps)
-    exact = len(want) == len(got) and all(_equal(a, b) for a, b in zip(want, got))
-    _decisions["lean_forward"][key] = {"used": exact, "checked": f"prefill of 6 left-padded rows x 13 tokens + {steps} decode steps"}
-    return exact
+def on_reset(hook: Callable[[], None]) -> None:
+    """Register a cache of decisions that :func:`reset` clears."""
+    _reset_hooks.append(hook)
 
 
 def report() -> dict[str, Any]:
     """For ``done.json``: the fingerprint and the fast-path decisions this process took."""
-    return {"fingerprint": fingerprint(), "fast_paths": {"mode": mode(), **{k: dict(v) for k, v in _decisions.items()}}}
+    return {"fingerprint": fingerprint(),
+            "fast_paths": {"mode": mode(), **{kind: dict(d) for kind, d in sorted(_decisions.items())}}}
 
 
 def reset() -> None:
-    """Forget every decision (tests that change the environment variable or patch a fast path)."""
-    _fold_decision.cache_clear()
-    _lean_cache.clear()
-    for decisions in _decisions.values():
-        decisions.clear()
+    """Forget every decision (tests that change ``OPDGRPO_FAST_PATHS`` or make a fast path inexact on purpose)."""
+    for hook in _reset_hooks:
+        hook()
+    _decisions.clear()

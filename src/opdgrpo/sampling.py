@@ -9,20 +9,23 @@ By default tokens come from the model's full distribution (temperature 1, no top
 on-policy training needs; ``temperature=0`` is greedy decoding.
 
 The loop never recomputes a prefix (each decode step feeds one token per running row against the cache) and stops
-as soon as every row has ended. Under bfloat16 autocast a Qwen3 model runs through
-:class:`~opdgrpo.inference.LeanQwen3` (its own operations without the module machinery); otherwise the model's forward
-with a :func:`~opdgrpo.inference.sampling_cache` and :func:`~opdgrpo.inference.fast_attention`. Either is bit for bit
-what ``DynamicCache`` and eager attention give (see :mod:`opdgrpo.inference`).
+as soon as every row has ended. Each forward takes the fastest path that gives the model's own eager-forward bits on
+this machine (:func:`~opdgrpo.inference.choose_path`, checked once per process): :class:`~opdgrpo.inference.LeanQwen3`
+under bfloat16 autocast (Qwen3's own operations without the module machinery), the model's forward with a
+:func:`~opdgrpo.inference.sampling_cache` and :func:`~opdgrpo.inference.fast_attention`, or the model's forward as is.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+from transformers import DynamicCache
+
 from opdgrpo import flops as flop_formulas
-from opdgrpo.inference import LeanQwen3, cache_kwarg, fast_attention, sampling_cache
+from opdgrpo.inference import FAST, LEAN, LeanQwen3, cache_kwarg, choose_path, fast_attention, sampling_cache
 
 
 @dataclass
@@ -99,19 +102,22 @@ def sample(
     input_ids = torch.tensor([[pad_token_id] * (prompt_len - len(p)) + list(p) for p in prompts], dtype=torch.long, device=device)
     prompt_mask = torch.tensor([[0] * (prompt_len - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long, device=device)
 
-    with torch.no_grad(), fast_attention(model):
-        return _sample_loop(model, input_ids, prompt_mask, stops, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
-                            temperature=temperature, top_p=top_p, top_k=top_k, generator=generator)
+    with torch.no_grad():
+        path = choose_path(model)
+        with fast_attention(model) if path == FAST else contextlib.nullcontext():
+            return _sample_loop(path, model, input_ids, prompt_mask, stops, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
+                                temperature=temperature, top_p=top_p, top_k=top_k, generator=generator)
 
 
 class _Stepper:
-    """One forward per call against a KV cache: :class:`~opdgrpo.inference.LeanQwen3` where it reproduces the
-    model's own forward bit for bit (the tiny profile's rollouts), else the model with a :func:`sampling_cache`."""
+    """One forward per call against a KV cache, by the path :func:`~opdgrpo.inference.choose_path` found exact:
+    :class:`~opdgrpo.inference.LeanQwen3` (the tiny profile's rollouts), the model with a :func:`sampling_cache`
+    (under :func:`fast_attention`), or the model with a plain ``DynamicCache``."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, path: str):
         self.model = model
-        self.lean = LeanQwen3(model) if LeanQwen3.supports(model) else None
-        self.cache = None if self.lean else sampling_cache(model.config)
+        self.lean = LeanQwen3(model) if path == LEAN else None
+        self.cache = None if self.lean else (sampling_cache(model.config) if path == FAST else DynamicCache(config=model.config))
         self.cache_kw = None if self.lean else cache_kwarg(model)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -128,13 +134,13 @@ class _Stepper:
             self.cache.batch_select_indices(rows)
 
 
-def _sample_loop(model, input_ids: torch.Tensor, prompt_mask: torch.Tensor, stops: torch.Tensor, *, max_new_tokens: int,
+def _sample_loop(path: str, model, input_ids: torch.Tensor, prompt_mask: torch.Tensor, stops: torch.Tensor, *, max_new_tokens: int,
                  pad_token_id: int, temperature: float, top_p: float, top_k: int, generator) -> Rollouts:
     config = model.config
     batch, prompt_len = input_ids.shape
     device = input_ids.device
     position_ids = (prompt_mask.cumsum(dim=-1) - 1).clamp(min=0)
-    step_model = _Stepper(model)
+    step_model = _Stepper(model, path)
     logits = step_model(input_ids, prompt_mask, position_ids)
     total_flops = flop_formulas.prefill_flops(config, batch, prompt_len, logits_positions=1)
     tokens_computed = batch * prompt_len
