@@ -71,7 +71,7 @@ def main() -> None:
     from opdgrpo.domains import build_domain
     from opdgrpo.models import load_model
     from opdgrpo.tokenizer import load_tokenizer
-    from opdgrpo.train import batch_tasks, domain_counts
+    from opdgrpo.batching import batch_tasks, domain_counts
 
     domain = build_domain(cfg["domains"]["math"])
     pools = {"math": domain.training_pool()}

@@ -97,7 +97,7 @@ def test_instance_mix_splits_by_pool_size(tmp_path):
     cfg, plan = smoke(tmp_path, "train.mix=instance")
     job = plan.jobs["grpo-student-math+code+ifeval+knowledge-s0"]
     from opdgrpo.domains import build_domain
-    from opdgrpo.train import domain_counts
+    from opdgrpo.batching import domain_counts
 
     pools = {d: build_domain(cfg["domains"][d]).training_pool() for d in job.config["train_domains"]}
     g = cfg["methods"]["grpo"]["group_size"]

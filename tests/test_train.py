@@ -16,7 +16,8 @@ from transformers import AutoModelForCausalLM
 
 from opdgrpo import flops as F
 from opdgrpo.runio import read_jsonl
-from opdgrpo.train import batch_tasks, domain_counts, train
+from opdgrpo.batching import batch_tasks, domain_counts
+from opdgrpo.train import train
 
 
 def _config(plan, run_id, out_root: Path, **method):

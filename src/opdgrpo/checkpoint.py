@@ -37,6 +37,35 @@ def config_hash(cfg: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+#: Keys of ``train`` that only decide what happens after a non-finite step: a run stopped by one is the same run
+#: under either setting up to that step, so they stay out of the run's identity (switching to ``skip`` after a stop
+#: resumes the run instead of starting it over).
+NONFINITE_KEYS = ("nonfinite", "max_nonfinite_skips")
+
+
+def upstream_fingerprint(cfg: dict[str, Any]) -> dict[str, str]:
+    """What identifies the checkpoints a run starts from and distils: their job's ``done.json``.
+
+    A rerun of an upstream job (a retrained teacher) leaves this run's config unchanged but its checkpoint
+    stale; folding the upstream summaries into the run's identity makes such a run start over.
+    """
+    paths = {"student": cfg["student"]["path"], **{f"teacher:{d}": t["path"] for d, t in cfg.get("teachers", {}).items()}}
+    if cfg.get("train_subset"):
+        paths["subsets"] = cfg["train_subset"]["file"]
+    prints = {}
+    for role, path in paths.items():
+        done = Path(path).parent / "done.json"
+        prints[role] = done.read_text() if done.is_file() else str(path)
+    return prints
+
+
+def run_identity(cfg: dict[str, Any]) -> str:
+    """The hash a checkpoint must carry to be resumed by this run: its config (less :data:`NONFINITE_KEYS`) and
+    its upstream checkpoints."""
+    hashed = {**cfg, "train": {k: v for k, v in cfg["train"].items() if k not in NONFINITE_KEYS}}
+    return config_hash({"config": hashed, "upstream": upstream_fingerprint(cfg)})
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -237,9 +237,9 @@ def _pool_sizes(domains: Mapping[str, Any], names: Sequence[str], cache: dict[st
 
 
 def rows_per_domain(run_cfg: Mapping[str, Any], pool_cache: dict[str, int] | None = None) -> dict[str, int]:
-    """Sequences per step by domain: the trainer's own prompt split (:func:`opdgrpo.train.domain_counts`) times the
+    """Sequences per step by domain: the trainer's own prompt split (:func:`opdgrpo.batching.domain_counts`) times the
     samples per prompt (GRPO's group size, OPD's rollouts per prompt)."""
-    from .train import domain_counts
+    from .batching import domain_counts
 
     method, train = run_cfg["method"], run_cfg["train"]
     per_prompt = int(method["group_size"] if method["name"] == "grpo" else method["rollouts_per_prompt"])

@@ -132,8 +132,3 @@ class Workers:
         if self.distributed and torch.distributed.is_initialized():
             self.barrier()
 
-
-def shard_bounds(n_items: int, shards: int) -> list[tuple[int, int]]:
-    """Contiguous [start, end) ranges cutting ``n_items`` into ``shards`` equal parts (``n_items % shards == 0``)."""
-    size = n_items // shards
-    return [(s * size, (s + 1) * size) for s in range(shards)]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .domains.base import stable_fraction
+from .runio import IN_DOMAIN_SET
 
 
 def _equal_cuts(items: list[int], n: int) -> list[list[int]]:
@@ -68,3 +69,21 @@ def load_subset(path: Path, name: str) -> dict[str, Any]:
         raise ValueError(f"{path}: subset {name!r} has no prompts (an empty data set); rerun the S2 difficulty job with a larger "
                          "`studies.S2.pool_size` or fewer bins")
     return subset
+
+
+def restrict_to_subset(pools: dict[str, list], heldout: dict[str, dict[str, list]], spec: dict[str, Any]) -> dict[str, Any]:
+    """Train on one S2 subset only, and score its prompts as the ``in_domain`` eval set (the paper's in-domain
+    accuracy). Changes ``pools`` and ``heldout`` in place; returns the subset's size and solve rates, which
+    ``done.json`` keeps so the report can rank subsets."""
+    domain = spec["domain"]
+    subset = load_subset(Path(spec["file"]), spec["subset"])
+    wanted = subset["prompts"]
+    by_prompt = {t.prompt: t for t in pools[domain]}
+    missing = [p for p in wanted if p not in by_prompt]
+    if missing:
+        raise ValueError(f"{spec['file']}: subset {spec['subset']} has {len(missing)} prompts outside the {domain} training pool "
+                         f"(e.g. {missing[0]!r}); the domain config changed since the subsets were made: rerun the difficulty job")
+    pools[domain] = [by_prompt[p] for p in wanted]
+    heldout.setdefault(domain, {})[IN_DOMAIN_SET] = pools[domain][: int(spec.get("eval_size") or len(wanted))]
+    return {"subset": spec["subset"], "size": len(wanted),
+            **{k: v for k, v in subset.items() if k.endswith("_rate") or k.endswith("_range")}}

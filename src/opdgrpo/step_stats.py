@@ -1,0 +1,77 @@
+"""One training step's totals: FLOPs by component, tokens by kind, loss, rewards, lengths and metrics.
+
+Each process accumulates its own shards; :meth:`StepStats.all_reduce` sums them over the processes (one collective,
+float64, so FLOP counts stay exact) and :meth:`StepStats.ledger_line` writes the step's line of the FLOP ledger
+(the ledger's keys are a contract: DESIGN.md, "The FLOP ledger").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .objectives import Shard
+
+#: Components of a step's training FLOPs, in the ledger's order. ``old_policy`` stays 0: one update per batch
+#: reuses the sampling policy's log-probabilities (see objectives.GRPOObjective).
+COMPONENTS = ("rollout", "train", "old_policy", "teacher")
+TOKEN_KINDS = ("prompt", "completion", "rollout_computed", "train", "teacher")
+
+
+@dataclass
+class StepStats:
+    flops: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COMPONENTS, 0.0))
+    tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_KINDS, 0))
+    loss: float = 0.0          # summed over shards (each shard's loss is already normalised by the whole step)
+    reward: float = 0.0        # summed over sequences
+    length: float = 0.0        # response tokens, summed over sequences
+    sequences: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)   # summed over shards; the ledger has their mean
+    grad_norm: float | None = None
+    skipped: str | None = None   # the component that made a skipped step non-finite
+
+    def add_shard(self, shard: Shard, loss: torch.Tensor, metrics: dict[str, float], teachers: bool) -> None:
+        """A shard's contribution, after its backward."""
+        ro, batch, length = shard.scored.rollouts, shard.sequences.shape[0], shard.sequences.shape[1]
+        self.loss += loss.item()
+        for name, value in metrics.items():
+            self.metrics[name] = self.metrics.get(name, 0.0) + value
+        self.tokens["prompt"] += int(shard.attention_mask[:, : ro.prompt_len].sum())
+        self.tokens["completion"] += int(shard.mask.sum())
+        self.tokens["rollout_computed"] += int(ro.tokens_computed)
+        self.tokens["train"] += batch * length
+        self.tokens["teacher"] += batch * length if teachers else 0
+        self.reward += float(shard.scored.rewards.sum())
+        self.length += sum(shard.scored.response_lengths)
+        self.sequences += batch
+
+    def all_reduce(self, workers) -> "StepStats":
+        """The step's totals over every process (identity on one process). A skipped step sums its FLOPs only."""
+        names = list(self.flops)
+        flops = dict(zip(names, workers.sum([self.flops[n] for n in names])))
+        if self.skipped:
+            return dataclasses.replace(self, flops=flops)
+        kinds, metric_names = list(self.tokens), sorted(self.metrics)
+        totals = workers.sum([*(self.tokens[n] for n in kinds), self.loss, self.reward, self.length, self.sequences,
+                              *(self.metrics[n] for n in metric_names)])
+        scalars = totals[len(kinds): len(kinds) + 4]
+        return dataclasses.replace(
+            self, flops=flops, tokens={n: int(v) for n, v in zip(kinds, totals)},
+            loss=scalars[0], reward=scalars[1], length=scalars[2], sequences=int(scalars[3]),
+            metrics=dict(zip(metric_names, totals[len(kinds) + 4:])))
+
+    def ledger_line(self, step: int, cumulative: float, lr: float, wall: float, shards: int) -> dict[str, Any]:
+        """The step's ledger line (after :meth:`all_reduce`); ``cumulative`` includes this step."""
+        step_flops = sum(self.flops.values())
+        rate = {"lr": lr, "wall_s": round(wall, 3), "achieved_flops_per_s": step_flops / wall}
+        if self.skipped:
+            return {"step": step, "skipped": self.skipped, "flops": self.flops, "step_flops": step_flops,
+                    "cumulative_flops": cumulative, **rate}
+        return {"step": step, "tokens": self.tokens, "flops": self.flops, "step_flops": step_flops,
+                "cumulative_flops": cumulative, "reward": self.reward / self.sequences, "loss": self.loss,
+                "grad_norm": float(self.grad_norm), "mean_response_length": self.length / self.sequences,
+                "metrics": {n: v / shards for n, v in self.metrics.items()},   # mean over shards
+                **rate}
