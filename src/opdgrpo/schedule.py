@@ -16,7 +16,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Mapping
 
-from . import flops as F
+from . import flops as flop_formulas
 
 #: FLOP/s of a tiny job on one core (fitted to the tiny DAG's job times, issue 7): pretraining, post-training steps
 #: (rollout + forward/backward + teacher forwards) and evaluation sampling.
@@ -75,7 +75,7 @@ def estimated_seconds(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any])
             return OVERHEAD_S
         pre = rc.get("pretrain") or {}
         steps = int(((rc.get("model") or {}).get("pretrain") or {}).get("steps") or 0)
-        flops = steps * F.train_flops(arch, int(pre.get("batch_size") or 1), PRETRAIN_TOKENS)
+        flops = steps * flop_formulas.train_flops(arch, int(pre.get("batch_size") or 1), PRETRAIN_TOKENS)
         return OVERHEAD_S + flops / PRETRAIN_RATE
     if job.kind != "train":
         return 4 * OVERHEAD_S   # tokenizer, difficulty selection: small next to training
@@ -88,13 +88,13 @@ def estimated_seconds(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any])
     per_prompt = int(method.get("group_size") or method.get("rollouts_per_prompt") or 1)
     rows = int(train.get("prompts_per_step") or 1) * per_prompt
     steps = int(method.get("steps") or 0)
-    step = F.forward_flops(student, rows, tokens) * 4          # rollout (about a forward) + forward and backward
+    step = flop_formulas.forward_flops(student, rows, tokens) * 4          # rollout (about a forward) + forward and backward
     teachers = (rc.get("teachers") or {}) if method["name"] == "opd" else {}
     for ref in teachers.values():   # every domain's rows go through its own teacher once
         arch = _arch(cfg, _model(ref.get("from", ""), jobs))
-        step += F.forward_flops(arch, rows / len(teachers), tokens) if arch else 0.0
+        step += flop_formulas.forward_flops(arch, rows / len(teachers), tokens) if arch else 0.0
     evals = steps // max(1, int(train.get("eval_every") or steps or 1)) + 2
-    eval_flops = evals * F.forward_flops(student, 1, 1) * _eval_tokens(cfg, rc, max_new)
+    eval_flops = evals * flop_formulas.forward_flops(student, 1, 1) * _eval_tokens(cfg, rc, max_new)
     return OVERHEAD_S + steps * step / TRAIN_RATE + eval_flops / EVAL_RATE
 
 
