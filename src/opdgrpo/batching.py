@@ -10,11 +10,8 @@ from __future__ import annotations
 import functools
 import random
 
+from . import schema
 from .domains import Task
-
-#: How a multi-domain batch is split between domains (``train.mix``, and a study's ``mix`` override): equal shares,
-#: or shares by training-pool size (the paper's "instance mix").
-MIXES = ("balanced", "instance")
 
 #: Shard ``s`` of step ``t`` samples with ``seed * SEED_STRIDE + t + s * SHARD_STRIDE``, so shard 0 keeps the seed a
 #: one-shard step always had; large primes keep the streams of different runs, steps and shards apart.
@@ -25,14 +22,15 @@ EVAL_OFFSET = 7
 
 
 def domain_counts(pools: dict[str, list[Task]], prompts_per_step: int, mix: str) -> dict[str, int]:
-    """How many prompts of each domain a step draws: equal shares or shares by pool size (largest remainders)."""
+    """How many prompts of each domain a step draws (``train.mix``): equal shares, or shares by training-pool size
+    (the paper's "instance mix"); largest remainders round."""
     names = sorted(pools)
     if mix == "balanced":
         weights = {d: 1.0 for d in names}
     elif mix == "instance":
         weights = {d: float(len(pools[d])) for d in names}
     else:
-        raise ValueError(f"config key `train.mix` must be one of {list(MIXES)}, got {mix!r}")
+        raise ValueError(f"config key `train.mix` must be one of {list(schema.allowed('train', 'mix'))}, got {mix!r}")
     total = sum(weights.values())
     exact = {d: prompts_per_step * w / total for d, w in weights.items()}
     counts = {d: int(exact[d]) for d in names}

@@ -21,15 +21,15 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-STRATEGIES = ("ddp", "fsdp")
-
+from . import schema
 
 class Workers:
     """The processes of one run: rank, world size, device, and the collectives the trainer uses."""
 
     def __init__(self, strategy: str = "ddp", cpu: bool | None = None):
-        if strategy not in STRATEGIES:
-            raise ValueError(f"config key `train.distributed` must be one of {list(STRATEGIES)}, got {strategy!r}")
+        if strategy not in schema.allowed("train", "distributed"):
+            raise ValueError(f"config key `train.distributed` must be one of {list(schema.allowed('train', 'distributed'))}, "
+                             f"got {strategy!r}")
         from accelerate import Accelerator
         from accelerate.utils import FullyShardedDataParallelPlugin
 

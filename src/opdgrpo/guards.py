@@ -17,13 +17,11 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+from . import schema
 from .domains import build_domain, heldout_overlap
 from .subsets import load_subset
 
 LOCK_FILE = ".lock"
-METHODS = ("grpo", "opd")
-MIXES = ("balanced", "instance")
-PRECISIONS = ("bf16", "fp32")
 
 
 class RunLocked(RuntimeError):
@@ -122,13 +120,10 @@ def check_run_inputs(cfg: dict[str, Any]) -> None:
     for key in ("run_id", "seed", "threads", "method", "train", "train_domains", "eval_domains", "domains", "tokenizer", "student"):
         if key not in cfg:
             raise ValueError(f"run config: missing key `{key}`; regenerate the job's config from the plan (`opdgrpo plan`)")
-    method, shared = cfg["method"], cfg["train"]
-    if method.get("name") not in METHODS:
-        raise ValueError(f"config key `method.name` must be one of {list(METHODS)}, got {method.get('name')!r}")
-    if shared.get("mix", "balanced") not in MIXES:
-        raise ValueError(f"config key `train.mix` must be one of {list(MIXES)}, got {shared.get('mix')!r}")
-    if shared.get("precision", "fp32") not in PRECISIONS:
-        raise ValueError(f"config key `train.precision` must be one of {list(PRECISIONS)}, got {shared.get('precision')!r}")
+    method = cfg["method"]
+    fix = "regenerate the job's config from the plan (`opdgrpo plan`) or fix `{key}` in it"
+    schema.validate(method, "method", where="method", fix=fix)
+    schema.validate(cfg["train"], "train", where="train", fix=fix)
     for key in ("train_domains", "eval_domains"):
         unknown = [d for d in cfg[key] if d not in cfg["domains"]]
         if unknown or not cfg[key]:

@@ -31,7 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-AGGREGATIONS: tuple[str, ...] = ("token-mean", "sequence-mean")
+from . import schema
+
+#: ``token-mean`` or ``sequence-mean`` (``method.aggregation``; the allowed values live in the method schema).
+AGGREGATIONS: tuple[str, ...] = schema.allowed("method.schema.yaml#/$defs/common", "aggregation")
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ from typing import Any, Mapping
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
 
+from . import schema
+
 # Keys of a conf/model block that are ours, not Qwen3Config's.
 _OWN_KEYS = {"name", "source", "pretrain", "dtype"}
 
@@ -31,9 +33,6 @@ def build_model(arch: Mapping[str, Any], vocab_size: int, pad_token_id: int, eos
     return model
 
 
-ATTENTION = ("eager", "sdpa", "flash_attention_2")
-
-
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, trainable: bool = True,
                attn_implementation: str = "eager") -> PreTrainedModel:
     """Load a checkpoint directory (ours, or a linked hub snapshot at paper scale).
@@ -42,8 +41,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, trainable: 
     analytic, so another kernel changes no count; at paper scale ``sdpa`` (or ``flash_attention_2``) is needed
     because eager attention materialises every (query, key) score: 8k-token sequences would need tens of GB each.
     """
-    if attn_implementation not in ATTENTION:
-        raise ValueError(f"attention implementation must be one of {list(ATTENTION)}, got {attn_implementation!r} "
+    kernels = schema.allowed("train", "attn_implementation")
+    if attn_implementation not in kernels:
+        raise ValueError(f"attention implementation must be one of {list(kernels)}, got {attn_implementation!r} "
                          f"(config key `train.attn_implementation` or `models.<name>.attn_implementation`)")
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=attn_implementation)
     model.train(trainable)
@@ -55,8 +55,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, trainable: 
 def autocast(precision: str, device_type: str = "cpu"):
     """Mixed precision for forwards: ``bf16`` runs matmuls in bfloat16 (about 3x faster for the tiny models
     on these CPUs), ``fp32`` runs everything in float32. Losses are computed in float32 either way."""
-    if precision not in ("bf16", "fp32"):
-        raise ValueError(f"precision must be 'bf16' or 'fp32', got {precision!r}")
+    if precision not in schema.allowed("train", "precision"):
+        raise ValueError(f"precision must be one of {list(schema.allowed('train', 'precision'))}, got {precision!r}")
     return torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from . import schema
+
 #: Matrix size per device type: large enough for the library's best kernel, small enough to stay cheap.
 SIZES = {"cpu": 1024, "cuda": 8192}
 REPEATS, WARMUP, MIN_SECONDS = 10, 2, 0.05
@@ -22,8 +24,9 @@ REPEATS, WARMUP, MIN_SECONDS = 10, 2, 0.05
 
 def matmul_dtype(precision: str, param_dtype: torch.dtype = torch.float32) -> torch.dtype:
     """The dtype a run's matrix multiplies run in: bfloat16 under bf16 autocast or with bfloat16 weights."""
-    if precision not in ("bf16", "fp32"):
-        raise ValueError(f"config key `train.precision` must be 'bf16' or 'fp32', got {precision!r}")
+    if precision not in schema.allowed("train", "precision"):
+        raise ValueError(f"config key `train.precision` must be one of {list(schema.allowed('train', 'precision'))}, "
+                         f"got {precision!r}")
     return torch.bfloat16 if precision == "bf16" or param_dtype == torch.bfloat16 else torch.float32
 
 

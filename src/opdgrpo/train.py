@@ -365,11 +365,8 @@ def _finish(run: Run, final: dict[str, Any], started: float) -> dict[str, Any]:
 
 def _settings(cfg: dict[str, Any], workers: Workers) -> dict[str, Any]:
     """The numbers the loop reads, checked (``check_run_inputs`` has checked the method and domains)."""
-    shared = cfg["train"]
+    shared = cfg["train"]   # checked against the train schema by check_run_inputs
     nonfinite, max_skips = str(shared.get("nonfinite", "stop")), int(shared.get("max_nonfinite_skips", 3))
-    if nonfinite not in ("stop", "skip") or max_skips < 0:
-        raise ValueError(f"config keys `train.nonfinite` must be 'stop' or 'skip' and `train.max_nonfinite_skips` >= 0, "
-                         f"got {nonfinite!r} and {max_skips}")
     prompts_per_step = int(shared["prompts_per_step"])
     shards = int(shared.get("micro_batches") or workers.world)
     if shards % workers.world or prompts_per_step % shards:

@@ -1,0 +1,162 @@
+"""The configuration's JSON Schemas (``src/opdgrpo/schemas/*.schema.yaml``), and errors that name the key.
+
+One schema per config group (model, domain, method, study, train) tied together by ``config.schema.yaml``, as
+Snakemake workflows validate their config; checked with ``jsonschema``. Each schema holds the allowed values of its
+keys (the one place they are defined: code that needs them asks :func:`allowed`). A violation becomes a
+:class:`~opdgrpo.config.ConfigError` in the project's words: the dotted key, what it must be, the value it has, the
+key's ``description`` as a hint, and for an unknown key the closest known ones.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from pathlib import Path
+from typing import Any, Iterable
+
+import jsonschema
+import yaml
+from referencing import Registry, Resource
+
+SCHEMAS = Path(__file__).parent / "schemas"
+
+
+class SchemaError(ValueError):
+    """A config value the schema rejects; the message names the key (``config.ConfigError`` derives from it)."""
+
+
+@functools.lru_cache(maxsize=None)
+def _registry() -> Registry:
+    resources = []
+    for path in sorted(SCHEMAS.glob("*.schema.yaml")):
+        contents = yaml.safe_load(path.read_text())
+        resources.append((path.name, Resource.from_contents(contents)))
+    return Registry().with_resources(resources)
+
+
+@functools.lru_cache(maxsize=None)
+def load(name: str) -> dict[str, Any]:
+    """The schema ``<name>.schema.yaml``."""
+    return _registry().contents(f"{name}.schema.yaml")
+
+
+def _validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema, registry=_registry())
+
+
+def validate(data: Any, name: str, where: str = "", fix: str = "fix it in conf/ or pass `{key}=...`") -> None:
+    """Raise :class:`SchemaError` for the first violation of schema ``name`` in ``data`` (found at ``where``)."""
+    check(data, load(name), where, fix)
+
+
+def check(data: Any, schema: dict[str, Any], where: str = "", fix: str = "fix it in conf/ or pass `{key}=...`") -> None:
+    """Like :func:`validate`, with a schema given as a mapping (e.g. a study's own)."""
+    errors = list(_validator(schema).iter_errors(data))
+    if errors:
+        raise SchemaError(message(_deepest(errors), where, fix))
+
+
+def _deepest(errors: list[jsonschema.ValidationError]) -> jsonschema.ValidationError:
+    """The most telling error. An ``unevaluatedProperties`` error whose keys are all known is an echo of a failing
+    ``allOf`` branch (its keys count as unevaluated), so the branch's own error is taken; inside ``anyOf``, the
+    alternative that is not a mismatch of type with the value (``null`` against a string) is taken."""
+    real = [e for e in errors if not _echo(e)] or errors
+    best = jsonschema.exceptions.best_match(real)
+    while best.context:
+        context = [e for e in best.context if not _echo(e)] or list(best.context)
+        best = min(context, key=lambda e: (e.validator == "type", -len(e.absolute_path)))
+    return best
+
+
+def _echo(error: jsonschema.ValidationError) -> bool:
+    if error.validator not in ("unevaluatedProperties", "additionalProperties") or not isinstance(error.instance, dict):
+        return False
+    return not set(error.instance) - _known_properties(error.schema)
+
+
+def _dotted(where: str, path: Iterable[Any]) -> str:
+    parts = [where] if where else []
+    return ".".join(parts + [str(p) for p in path])
+
+
+def message(error: jsonschema.ValidationError, where: str = "", fix: str = "fix it in conf/ or pass `{key}=...`") -> str:
+    key = _dotted(where, error.absolute_path)
+    hint = error.schema.get("description") if isinstance(error.schema, dict) else None
+    kind, value = error.validator, error.instance
+    if kind == "required":
+        missing = next(p for p in error.validator_value if p not in (value or {}))
+        full = _dotted(key, [missing])
+        sub = _subschema(error.schema, missing)
+        text = f"missing config key `{full}`" + (f" ({sub['description']})" if sub.get("description") else "")
+        return f"{text}; add it to conf/ or pass `{full}=...`"
+    if kind in ("additionalProperties", "unevaluatedProperties"):
+        known = sorted(_known_properties(error.schema))
+        extra = sorted(set(value) - set(known)) if isinstance(value, dict) else []
+        names = ", ".join(f"`{_dotted(key, [e])}`" for e in extra) or "keys"
+        close = difflib.get_close_matches(extra[0], known, n=3) if extra else []
+        return (f"unknown config key {names}: nothing reads it" + (f"; did you mean {close}?" if close else "")
+                + (f" (known keys: {known})" if not close and known else ""))
+    what = {
+        "enum": lambda: f"one of {error.validator_value}",
+        "const": lambda: f"{error.validator_value!r}",
+        "type": lambda: _types(error.validator_value),
+        "minimum": lambda: f">= {error.validator_value}",
+        "exclusiveMinimum": lambda: f"> {error.validator_value}",
+        "maximum": lambda: f"<= {error.validator_value}",
+        "exclusiveMaximum": lambda: f"< {error.validator_value}",
+        "minItems": lambda: f"a list of at least {error.validator_value} item(s)",
+        "maxItems": lambda: f"a list of at most {error.validator_value} item(s)",
+        "minProperties": lambda: "a non-empty mapping",
+        "minLength": lambda: "a non-empty string",
+    }.get(kind, lambda: error.message)()
+    text = f"config key `{key}` must be {what}, got {value!r}"
+    if hint:
+        text += f" ({hint})"
+    return f"{text}; {fix.format(key=key)}"
+
+
+def _types(names: str | list[str]) -> str:
+    words = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
+             "array": "a list", "object": "a mapping", "null": "null"}
+    names = [names] if isinstance(names, str) else names
+    return " or ".join(words.get(n, n) for n in names)
+
+
+def _resolved(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """``schema`` and the schemas its ``$ref`` and ``allOf`` bring in (every ``$ref`` in schemas/ names its file)."""
+    out, todo, resolver = [], [schema], _registry().resolver()
+    while todo:
+        s = todo.pop()
+        if not isinstance(s, dict):
+            continue
+        out.append(s)
+        if "$ref" in s:
+            todo.append(resolver.lookup(s["$ref"]).contents)
+        todo.extend(s.get("allOf", []))
+    return out
+
+
+def _known_properties(schema: dict[str, Any]) -> set[str]:
+    return {p for s in _resolved(schema) for p in s.get("properties", {})}
+
+
+def _subschema(schema: dict[str, Any], prop: str) -> dict[str, Any]:
+    for s in _resolved(schema):
+        sub = s.get("properties", {}).get(prop)
+        if isinstance(sub, dict):
+            return sub
+    return {}
+
+
+@functools.lru_cache(maxsize=None)
+def allowed(name: str, *path: str) -> tuple[Any, ...]:
+    """The ``enum`` of the key at ``path`` in schema ``name`` (following ``$ref``), e.g. ``allowed("train", "mix")``;
+    ``name`` may also be a reference into a schema, e.g. ``"method.schema.yaml#/$defs/common"``."""
+    node = _registry().resolver().lookup(name).contents if "#" in name else load(name)
+    for part in path:
+        node = _subschema(node, part)
+    for s in _resolved(node):
+        if "enum" in s:
+            return tuple(s["enum"])
+    raise KeyError(f"schema {name}: no enum at {'.'.join(path)}")
