@@ -37,10 +37,10 @@ def config_hash(cfg: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-#: Keys of ``train`` that only decide what happens after a non-finite step: a run stopped by one is the same run
-#: under either setting up to that step, so they stay out of the run's identity (switching to ``skip`` after a stop
-#: resumes the run instead of starting it over).
-NONFINITE_KEYS = ("nonfinite", "max_nonfinite_skips")
+#: Keys of ``train`` that change no step of a run: what happens after a non-finite step (a run stopped by one is the
+#: same run under either setting up to that step: switching to ``skip`` after a stop resumes the run instead of
+#: starting it over) and where its numbers are also sent (``report_to``). They stay out of the run's identity.
+NOT_IDENTITY_KEYS = ("nonfinite", "max_nonfinite_skips", "report_to")
 
 
 def upstream_fingerprint(cfg: dict[str, Any]) -> dict[str, str]:
@@ -60,9 +60,9 @@ def upstream_fingerprint(cfg: dict[str, Any]) -> dict[str, str]:
 
 
 def run_identity(cfg: dict[str, Any]) -> str:
-    """The hash a checkpoint must carry to be resumed by this run: its config (less :data:`NONFINITE_KEYS`) and
+    """The hash a checkpoint must carry to be resumed by this run: its config (less :data:`NOT_IDENTITY_KEYS`) and
     its upstream checkpoints."""
-    hashed = {**cfg, "train": {k: v for k, v in cfg["train"].items() if k not in NONFINITE_KEYS}}
+    hashed = {**cfg, "train": {k: v for k, v in cfg["train"].items() if k not in NOT_IDENTITY_KEYS}}
     return config_hash({"config": hashed, "upstream": upstream_fingerprint(cfg)})
 
 

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import schema
+from . import schema, tracking
 from .domains import build_domain, heldout_overlap
 from .subsets import load_subset
 
@@ -124,6 +124,7 @@ def check_run_inputs(cfg: dict[str, Any]) -> None:
     fix = "regenerate the job's config from the plan (`opdgrpo plan`) or fix `{key}` in it"
     schema.validate(method, "method", where="method", fix=fix)
     schema.validate(cfg["train"], "train", where="train", fix=fix)
+    tracking.check_installed(cfg["train"].get("report_to"))
     for key in ("train_domains", "eval_domains"):
         unknown = [d for d in cfg[key] if d not in cfg["domains"]]
         if unknown or not cfg[key]:

@@ -38,11 +38,13 @@ from .losses import aggregation_count
 from .models import autocast, load_model, parameter_count
 from .objectives import Objective, Shard, build_objective, position_ids
 from .peak import matmul_dtype, matmul_peak, mfu_summary
+from .progress import Progress, clock
 from .rollout import PromptFormat, sample_and_score
 from .runio import append_jsonl, keep_records, read_jsonl, write_json, write_yaml
 from .step_stats import StepStats
 from .subsets import restrict_to_subset
 from .tokenizer import load_tokenizer
+from .tracking import Tracker
 
 log = logging.getLogger("opdgrpo.train")
 
@@ -120,6 +122,8 @@ class Run:
     cumulative: float = 0.0
     streak: int = 0                # non-finite steps skipped in a row
     settings: dict[str, Any] = field(default_factory=dict)
+    progress: Progress | None = None   # lines in the job's log (main process)
+    tracker: Tracker | None = None     # train.report_to (main process)
 
     @property
     def main(self) -> bool:
@@ -147,7 +151,11 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         with run_dir_lock(Path(run_dir)) if workers.is_main else contextlib.nullcontext():
             started = time.time()
             run = _setup(cfg, Path(run_dir), workers)
-            return _finish(run, _loop(run), started)
+            try:
+                return _finish(run, _loop(run), started)
+            finally:
+                if run.tracker:
+                    run.tracker.close()
     finally:
         workers.close()
 
@@ -170,6 +178,8 @@ def _loop(run: Run) -> dict[str, Any]:
             line = stats.ledger_line(step, run.cumulative, run.optimizer.param_groups[0]["lr"], wall, every["shards"])
             if run.main:
                 append_jsonl(run.ledger, line)
+                run.tracker.step(line)
+                run.progress.step(step + 1, _progress_values(line, wall), wall)
             stopping = run.workers.any(stop["signal"] is not None)
             if (step + 1) % every["checkpoint_every"] == 0 or stopping:
                 _checkpoint(run, step + 1)
@@ -210,6 +220,14 @@ def _step(run: Run, step: int) -> StepStats:
 
 # --------------------------------------------------------------------------------------------------------------------
 # The phases of a step
+
+
+def _progress_values(line: dict[str, Any], wall: float) -> dict[str, Any]:
+    """What a step's log line shows besides the step count and times."""
+    if line.get("skipped"):
+        return {"skipped": line["skipped"], "flops": line["cumulative_flops"]}
+    return {"reward": line["reward"], "loss": line["loss"], "len": line["mean_response_length"],
+            "gen_tok_s": round(line["tokens"]["completion"] / wall), "flops": line["cumulative_flops"]}
 
 
 def _set_lr(run: Run, step: int) -> None:
@@ -298,6 +316,7 @@ def _skip_or_stop(run: Run, err: NonFinite) -> str:
 def _evaluate(run: Run, step: int) -> dict[str, Any]:
     """Held-out avg@k of the current policy; one line of ``evals.jsonl`` (its FLOPs are never training FLOPs)."""
     shared, ev = run.cfg["train"], run.cfg["train"]["eval"]
+    t0 = time.time()
     with run.workers.full_params(run.model) as policy, autocast(run.settings["precision"], run.workers.device.type):
         results, eval_flops = evaluate(policy, run.tokenizer, run.domains, run.heldout, k=int(ev["k"]),
                                        temperature=float(ev["temperature"]), max_new_tokens=int(shared["max_new_tokens"]),
@@ -308,17 +327,21 @@ def _evaluate(run: Run, step: int) -> dict[str, Any]:
     record = {"step": step, "cumulative_flops": run.cumulative, "eval_flops": eval_flops, "results": results}
     if run.main:
         append_jsonl(run.evals, record)
+        run.tracker.evaluation(record)
+        accuracy = {f"{r['eval_domain']}/{r['eval_set']}": round(r["accuracy"], 4) for r in results}
+        run.progress.event("eval", {"step": step, **accuracy, "seconds": round(time.time() - t0, 1)})
     return record
 
 
 def _checkpoint(run: Run, done_steps: int) -> None:
     """Collectives under FSDP (every process takes part); the main process writes."""
-    workers = run.workers
+    workers, t0 = run.workers, time.time()
     state_dict = workers.state_dict(run.model) if workers.distributed else None
     optimizer_state = workers.optimizer_state(run.model, run.optimizer)
     if run.main:
         save_checkpoint(run.run_dir, workers.unwrap(run.model), run.tokenizer, run.optimizer, done_steps, run.cumulative,
                         run.identity, state_dict=state_dict, optimizer_state=optimizer_state, nonfinite_streak=run.streak)
+        run.progress.event("checkpoint", {"step": done_steps, "seconds": round(time.time() - t0, 1)})
     workers.barrier()
 
 
@@ -355,6 +378,8 @@ def _finish(run: Run, final: dict[str, Any], started: float) -> dict[str, Any]:
         if run.subset:
             summary["train_subset"] = run.subset
         write_json(run.run_dir / "done.json", summary)
+        run.progress.event("done", {"steps": run.settings["steps"], "wall": clock(summary["wall_s"]),
+                                    "flops": run.cumulative, "mfu": summary.get("mfu")})
     run.workers.barrier()
     return summary
 
@@ -411,6 +436,8 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
         _resume(run, state)
     if run.main:
         write_yaml(run_dir / "config.yaml", cfg)
+        run.progress = Progress(cfg["run_id"], settings["steps"], run.start)
+        run.tracker = Tracker(shared.get("report_to"), run_dir, cfg["run_id"], cfg, run.start)
     return run
 
 
