@@ -30,6 +30,7 @@ import torch
 from . import numerics
 from .domains import Domain, Task, build_domain
 from .models import autocast, load_model
+from .progress import Progress
 from .rollout import PromptFormat, sample_and_score
 from .runio import write_json, write_yaml
 from .subsets import bin_by_rates
@@ -39,18 +40,22 @@ from .tokenizer import load_tokenizer
 @torch.no_grad()
 def solve_rates(model, tokenizer, domain: Domain, tasks: Sequence[Task], *, k: int, temperature: float,
                 max_new_tokens: int, batch_size: int, seed: int, fmt: PromptFormat = PromptFormat(),
-                top_p: float = 1.0, top_k: int = 0) -> tuple[list[float], float]:
-    """Per task, the share of ``k`` sampled completions the verifier rewards; plus the sampling FLOPs."""
+                top_p: float = 1.0, top_k: int = 0, progress: Progress | None = None) -> tuple[list[float], float]:
+    """Per task, the share of ``k`` sampled completions the verifier rewards; plus the sampling FLOPs.
+    ``progress``: a line in the job's log per batch sampled."""
     model.eval()
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     repeated = [t for t in tasks for _ in range(k)]
     rewards, flops = [], 0.0
-    for start in range(0, len(repeated), batch_size):
+    for batch, start in enumerate(range(0, len(repeated), batch_size)):
+        t0 = time.time()
         chunk = sample_and_score(model, tokenizer, {domain.name: domain}, repeated[start : start + batch_size],
                                  max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
                                  fmt=fmt, top_p=top_p, top_k=top_k)
         rewards.append(chunk.rewards)
         flops += chunk.rollouts.flops
+        if progress:
+            progress.step(batch + 1, {"solved": round(float(chunk.rewards.mean()), 4), "flops": flops}, time.time() - t0)
     per_task = torch.cat(rewards).view(len(tasks), k).mean(dim=1)
     return [float(r) for r in per_task], flops
 
@@ -81,13 +86,15 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         dtype = getattr(torch, str(cfg[role].get("dtype") or "float32"))
         model = load_model(cfg[role]["path"], dtype=dtype, trainable=False,
                            attn_implementation=str(cfg[role].get("attn_implementation") or "eager")).to(device)
+        batches = -(-len(tasks) * int(rule["k"]) // int(rule["batch_size"]))
         with autocast(str(rule.get("precision", "fp32")), device.type):
             rates[role], flops[role] = solve_rates(
                 model, tokenizer, domain, tasks, k=int(rule["k"]),
                 temperature=float(sampling.get("temperature", rule["temperature"])),
                 top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)), fmt=fmt,
                 max_new_tokens=int(sampling.get("max_new_tokens", cfg["max_new_tokens"])),
-                batch_size=int(rule["batch_size"]), seed=int(cfg["seed"]))
+                batch_size=int(rule["batch_size"]), seed=int(cfg["seed"]),
+                progress=Progress(f"difficulty-{domain_name} {role}", batches))
         del model
     bins = bin_by_rates([t.prompt for t in tasks], rates["student"], rates["teacher"],
                         int(rule["student_bins"]), int(rule["teacher_bins"]))

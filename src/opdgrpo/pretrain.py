@@ -23,6 +23,7 @@ from .domains import build_domain
 from .evaluation import evaluate, heldout_for
 from .models import autocast, build_model, parameter_count
 from .peak import matmul_dtype, matmul_peak
+from .progress import Progress, clock
 from .runio import append_jsonl, rewrite_jsonl, write_json, write_yaml
 from .tokenizer import load_tokenizer
 
@@ -88,6 +89,7 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     total_flops, loop_wall = 0.0, 0.0
     peak = matmul_peak(matmul_dtype(pre.get("precision", "fp32")))   # MFU's denominator, measured before the loop
     model.train()
+    progress = Progress(f"base-{cfg['name']}", steps)
     for step in range(steps):
         t0 = time.time()
         scale = lr_at(step, steps, int(pre["warmup_steps"]), float(pre["min_lr_ratio"]))
@@ -105,6 +107,7 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         loss_value = loss.item()
         wall = max(time.time() - t0, 1e-9)
         loop_wall += wall
+        progress.step(step + 1, {"loss": loss_value, "lr": optimizer.param_groups[0]["lr"], "flops": total_flops}, wall)
         if step % int(pre["log_every"]) == 0 or step == steps - 1:
             append_jsonl(ledger_path, {"step": step, "loss": loss_value, "flops": {"train": step_flops},
                                        "cumulative_flops": total_flops, "counted": False, "wall_s": round(wall, 3),
@@ -128,4 +131,6 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         "numerics": numerics.report(),   # the machine's fingerprint and which exact fast paths ran
     }
     write_json(out_dir / "done.json", summary)
+    progress.event("done", {"steps": steps, "wall": clock(summary["wall_s"]), "loss": summary["final_loss"],
+                            **{f"{r['eval_domain']}/{r['eval_set']}": round(r["accuracy"], 4) for r in results}})
     return summary
