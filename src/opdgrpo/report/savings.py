@@ -64,6 +64,29 @@ SAVINGS_KEYS: list[str] = [
 ]
 
 
+#: Columns of savings.csv: one row per consolidation study and seed (:meth:`opdgrpo.studies.base.Study.savings_row`),
+#: plus a ``seed = all`` row with the bootstrap interval when a study has several seeds.
+SAVINGS_COLUMNS: list[str] = [
+    "study",
+    "domains",
+    "target_accuracy",
+    "joint_flops",
+    "expert_flops",
+    "distill_flops",
+    "pipeline_flops",
+    "savings",
+    "distill_share",
+    "paper_savings",
+    "paper_distill_share",
+    "tolerance_points",
+    "status",
+    "reason",
+    "seed",
+    "savings_lo",
+    "savings_hi",
+]
+
+
 # ------------------------------------------------------------------------------------------------ curve primitives
 def first_crossing_flops(flops: Sequence[float], accuracy: Sequence[float], threshold: float) -> float | None:
     """FLOPs where a curve first reaches ``threshold``, linearly interpolated; None if it never does.
