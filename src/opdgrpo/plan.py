@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from .config import ConfigError
 from .studies import REGISTRY
@@ -134,7 +134,7 @@ class Planner:
         return self.run(f"grpo-{student}-{domain}-s{seed}", study, "grpo", [domain], seed, f"base:{student}", label="GRPO")
 
     # -- selection jobs ---------------------------------------------------------------------------------------
-    def difficulty(self, s: dict[str, Any]) -> Job:
+    def difficulty(self, s: Mapping[str, Any]) -> Job:
         """S2's selection job: solve rates of the base student and the teacher, cut into subsets (one for all seeds)."""
         d, t, st = s["domain"], s["teacher"], study_student(s)
         job_id = f"difficulty-{d}-{into(st)}{t}"

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import Any
 
 from .base import ClaimDef, CostSheet, SeedEntries, Study, Verdicts, into, study_student
 
 __all__ = ["REGISTRY", "ClaimDef", "CostSheet", "SeedEntries", "Study", "Verdicts", "into", "study_student"]
 
 
-def _discover() -> dict[str, Study]:
+def _discover() -> dict[str, Study[Any]]:
     """Import every module of the package and collect its ``STUDY``, keyed and ordered by study name."""
-    found: dict[str, Study] = {}
+    found: dict[str, Study[Any]] = {}
     for info in pkgutil.iter_modules(__path__):
         if info.name.startswith("_") or info.name == "base":
             continue
@@ -38,4 +39,4 @@ def _discover() -> dict[str, Study]:
 
 
 #: Study name (the key of its ``studies.<name>`` conf block and report-spec entry) -> the study, ordered by name.
-REGISTRY: dict[str, Study] = _discover()
+REGISTRY: dict[str, Study[Any]] = _discover()

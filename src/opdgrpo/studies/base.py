@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypedDict, TypeVar
 
 if TYPE_CHECKING:  # type hints only: the planner and the report import this module, not the other way round
     import pandas as pd
@@ -31,6 +31,9 @@ if TYPE_CHECKING:  # type hints only: the planner and the report import this mod
 
     from opdgrpo.plan import Planner
     from opdgrpo.report.plots import PlotContext
+
+#: A study's report-spec entry type (a TypedDict, one per study kind: what its plan writes and its report reads).
+Entry = TypeVar("Entry", bound=Mapping[str, Any])
 
 #: Claim id -> ``(ours, verdict)`` or ``(ours, verdict, margin, strict)``: see :func:`opdgrpo.report.claims._combine`.
 Verdicts = dict[str, tuple]
@@ -67,8 +70,11 @@ class CostSheet(Protocol):
         ...
 
 
-class Study:
+class Study(Generic[Entry]):
     """Base of every study; subclasses set the class attributes and override the hooks they need.
+
+    ``Entry`` is the study's report-spec entry type: :meth:`plan` returns one, the report-side hooks receive one
+    (read back from ``spec.json``), so both halves take the entry's keys from the same TypedDict.
 
     The report-side hooks take the *per-seed* entry (a study planned with several seeds is evaluated seed by seed;
     :func:`opdgrpo.report.curves.study_instances`). Defaults do nothing, so a study only writes what it has.
@@ -90,30 +96,30 @@ class Study:
     def validate(self, cfg: dict[str, Any]) -> None:
         """Raise :class:`opdgrpo.config.ConfigError` naming the key for what this study's block gets wrong."""
 
-    def plan(self, planner: Planner, block: Mapping[str, Any], seed: int) -> Mapping[str, Any]:
+    def plan(self, planner: Planner, block: Mapping[str, Any], seed: int) -> Entry:
         """Ask ``planner`` for this seed's runs; return the report-spec entry that names them."""
         raise NotImplementedError(f"study {self.name} plans nothing")
 
     # -- cost model -----------------------------------------------------------------------------------------------
-    def cost_rows(self, entry: Mapping[str, Any], sheet: CostSheet) -> None:
+    def cost_rows(self, entry: Entry, sheet: CostSheet) -> None:
         """Add this study's FLOP figures to ``sheet`` (default: the total of its runs)."""
         sheet.add("all runs", sheet.study_runs)
 
     # -- report ---------------------------------------------------------------------------------------------------
-    def attach(self, entry: dict[str, Any], runs_dir: Path) -> None:
+    def attach(self, entry: Entry, runs_dir: Path) -> None:
         """Copy into ``entry`` (in place) what the report needs from run directories beyond the curves."""
 
-    def savings_row(self, spec: Mapping[str, Any], entry: Mapping[str, Any], curves: pd.DataFrame,
+    def savings_row(self, spec: Mapping[str, Any], entry: Entry, curves: pd.DataFrame,
                     final_flops: Mapping[str, float]) -> dict[str, Any] | None:
         """Its row of savings.csv (matched-FLOP savings), or None when the study has no such figure."""
         return None
 
-    def figures(self, entry: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure] | None:
+    def figures(self, entry: Entry, ctx: PlotContext) -> dict[str, Figure] | None:
         """``{file stem: Figure}``: its ``<name>_accuracy`` figure and, where it draws one, ``<name>_length``
         (else the report draws the generic length figure); None: no figure registered."""
         return None
 
-    def evaluate(self, entry: Mapping[str, Any], curves: pd.DataFrame,
+    def evaluate(self, entry: Entry, curves: pd.DataFrame,
                  savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
         """Verdicts of its claims measured on ``curves`` (and its savings row, ``savings[name]``, if any)."""
         return {}

@@ -7,8 +7,7 @@ S1b's extra length claim.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from .base import CostSheet, Study
 
@@ -36,12 +35,12 @@ class ComparisonEntry(TypedDict):
     base_length_run: NotRequired[str | None]   # never planned; a hand-written spec may name the base student's run
 
 
-class ComparisonStudy(Study):
+class ComparisonStudy(Study[ComparisonEntry]):
     """S1-style study: GRPO vs external-teacher OPD per domain."""
 
     run_keys = frozenset({"grpo", "opd", "teacher", "base_length_run"})
 
-    def cost_rows(self, entry: Mapping[str, Any], sheet: CostSheet) -> None:
+    def cost_rows(self, entry: ComparisonEntry, sheet: CostSheet) -> None:
         """Each run, and OPD's multiple of GRPO; a GRPO-trained teacher's own run listed as not counted."""
         for c in entry["comparisons"]:
             d = c["domain"]
@@ -52,7 +51,7 @@ class ComparisonStudy(Study):
             if c.get("teacher"):
                 sheet.add(f"teacher's own GRPO ({d}, not counted)", [c["teacher"]])
 
-    def figures(self, entry: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
+    def figures(self, entry: ComparisonEntry, ctx: PlotContext) -> dict[str, Figure]:
         """GRPO vs external-teacher OPD, one panel per compared domain (in-domain accuracy)."""
         from opdgrpo.report.plots import render
 
@@ -60,7 +59,7 @@ class ComparisonStudy(Study):
         return {f"{self.name}_accuracy": render(_comparison_panels(entry, ctx, "accuracy"), title)}
 
 
-def _comparison_panels(study: Mapping[str, Any], ctx: PlotContext, value: str) -> list[Panel]:
+def _comparison_panels(study: ComparisonEntry, ctx: PlotContext, value: str) -> list[Panel]:
     from opdgrpo.report.plots import Panel
 
     ylabel = "held-out accuracy (%)" if value == "accuracy" else "mean response length (tokens)"
@@ -79,7 +78,7 @@ def _comparison_panels(study: Mapping[str, Any], ctx: PlotContext, value: str) -
     return panels
 
 
-def loses_per_flop(study: Mapping[str, Any], curves: pd.DataFrame) -> tuple:
+def loses_per_flop(study: ComparisonEntry, curves: pd.DataFrame) -> tuple:
     """The S1 test over a comparison entry: for every domain and OPD teacher, GRPO's best accuracy within the FLOPs
     of OPD's peak is at least that peak. Returns (ours, verdict, margin = worst GRPO - OPD gap, strict=False)."""
     from opdgrpo.report.curves import domain_curve, format_flops, format_pct

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from opdgrpo.plan import Planner
-    from opdgrpo.report.plots import PlotContext
+    from opdgrpo.report.plots import Panel, PlotContext
 
 
 class ConsolidationEntry(TypedDict):
@@ -47,7 +47,7 @@ class PaperSavings:
     distill_eflop: float
 
 
-class ConsolidationStudy(Study):
+class ConsolidationStudy(Study[ConsolidationEntry]):
     """Experts + multi-teacher OPD vs joint GRPO on the mix."""
 
     run_keys = frozenset({"joint", "distill", "experts"})
@@ -68,7 +68,7 @@ class ConsolidationStudy(Study):
         return ConsolidationEntry(title=s["title"], domains=domains, joint=joint.id, distill=distill.id,
                                   experts=[e.id for e in experts], tolerance=float(s.get("tolerance", 0.0)))
 
-    def cost_rows(self, entry: Mapping[str, Any], sheet: CostSheet) -> None:
+    def cost_rows(self, entry: ConsolidationEntry, sheet: CostSheet) -> None:
         """The experts' total, the distillation, its share of the experts, joint GRPO, the pipeline (experts +
         distillation) and the savings 1 - pipeline / joint of the full runs."""
         experts, distill, joint = list(entry["experts"]), entry["distill"], entry["joint"]
@@ -80,7 +80,7 @@ class ConsolidationStudy(Study):
         sheet.add("pipeline = experts + distillation", [*experts, distill])
         sheet.add("savings 1 - pipeline / joint (full runs)", [*experts, distill, joint], "%", 100 * (1 - (e + dist) / j))
 
-    def savings_row(self, spec: Mapping[str, Any], entry: Mapping[str, Any], curves: pd.DataFrame,
+    def savings_row(self, spec: Mapping[str, Any], entry: ConsolidationEntry, curves: pd.DataFrame,
                     final_flops: Mapping[str, float]) -> dict[str, Any]:
         """The savings row of one per-seed entry: matched-FLOP savings with domains, paper values and status."""
         from opdgrpo.report.curves import ReportInputError, instance_seed, run_curve
@@ -107,7 +107,7 @@ class ConsolidationStudy(Study):
             "seed": instance_seed(dict(spec), dict(entry)),
         }
 
-    def figures(self, entry: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
+    def figures(self, entry: ConsolidationEntry, ctx: PlotContext) -> dict[str, Figure]:
         """Joint GRPO vs experts + multi-teacher OPD; one panel per domain, then a mix panel.
 
         Domain panels show each run on its own FLOPs. The mix panel charges the pipeline its full cost: the
@@ -139,13 +139,13 @@ class ConsolidationStudy(Study):
         )
         return {f"{self.name}_accuracy": render(panels, f"{self.name}: {entry.get('title', self.name)}", caption)}
 
-    def evaluate(self, entry: Mapping[str, Any], curves: pd.DataFrame,
+    def evaluate(self, entry: ConsolidationEntry, curves: pd.DataFrame,
                  savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
         """Distillation share and matched-FLOP savings, read from the study's savings row."""
         return _consolidation_verdicts(self.name, savings)
 
 
-def _mix_panel(key: str, entry: Mapping[str, Any], ctx: PlotContext) -> Any:
+def _mix_panel(key: str, entry: ConsolidationEntry, ctx: PlotContext) -> Panel:
     """The mix panel: joint GRPO, and the distillation shifted right by the experts' FLOPs, with the matched points."""
     from opdgrpo.report.curves import format_flops, run_curve
     from opdgrpo.report.plots import Panel

@@ -49,7 +49,7 @@ class S1(ComparisonStudy):
             comparisons.append(Comparison(domain=d, grpo=grpo.id, opd=opd))
         return ComparisonEntry(title=s["title"], comparisons=comparisons)
 
-    def evaluate(self, entry: Mapping[str, Any], curves: pd.DataFrame,
+    def evaluate(self, entry: ComparisonEntry, curves: pd.DataFrame,
                  savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
         """External-teacher OPD vs GRPO per FLOP."""
         return {"S1": loses_per_flop(entry, curves)}

@@ -55,7 +55,7 @@ class S1b(ComparisonStudy):
             comparisons.append(Comparison(domain=d, grpo=grpo.id, opd={label: opd.id}, teacher=teacher.id))
         return ComparisonEntry(title=s["title"], comparisons=comparisons)
 
-    def evaluate(self, entry: Mapping[str, Any], curves: pd.DataFrame,
+    def evaluate(self, entry: ComparisonEntry, curves: pd.DataFrame,
                  savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
         """The S1 test with the GRPO-trained teacher, and response-length inflation."""
         from opdgrpo.report.curves import domain_curve

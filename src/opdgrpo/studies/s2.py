@@ -48,7 +48,7 @@ class S2Entry(TypedDict):
     low_teacher_subsets: int
 
 
-class S2(Study):
+class S2(Study[S2Entry]):
     name = "S2"
     claims = (
         ClaimDef(
@@ -109,13 +109,13 @@ class S2(Study):
         return S2Entry(title=s["title"], domain=d, teacher_model=t, subsets=subsets,
                        low_teacher_subsets=int(s.get("low_teacher_subsets", 3)))
 
-    def cost_rows(self, entry: Mapping[str, Any], sheet: CostSheet) -> None:
+    def cost_rows(self, entry: S2Entry, sheet: CostSheet) -> None:
         """Totals over the subsets, per method."""
         grpo, opd = [x["grpo"] for x in entry["subsets"]], [x["opd"] for x in entry["subsets"]]
         sheet.add(f"GRPO, {len(grpo)} subsets", grpo)
         sheet.add(f"OPD {entry['teacher_model']}, {len(opd)} subsets", opd)
 
-    def attach(self, entry: dict[str, Any], runs_dir: Path) -> None:
+    def attach(self, entry: S2Entry, runs_dir: Path) -> None:
         """Copy each subset's solve rates from its GRPO run's ``done.json`` into the entry (they rank the subsets;
         the report reads run directories only)."""
         from opdgrpo.report.curves import ReportInputError
@@ -127,9 +127,9 @@ class S2(Study):
             info = json.loads(done.read_text(encoding="utf-8")).get("train_subset")
             if not info:
                 raise ReportInputError(f"{done}: no 'train_subset' ({self.name} subset {sub['name']}); rerun the run")
-            sub.update({k: info[k] for k in ("student_rate", "teacher_rate", "size") if k in info})
+            sub.update({k: info[k] for k in ("student_rate", "teacher_rate", "size") if k in info})  # type: ignore[typeddict-item]
 
-    def figures(self, entry: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
+    def figures(self, entry: S2Entry, ctx: PlotContext) -> dict[str, Figure]:
         """One panel per subset (ranked by the teacher's solve rate): GRPO and OPD on the subset's own prompts
         (solid, in-domain) and on held-out math (dotted); and the same panels for response length."""
         from opdgrpo.report.plots import STEP0_CAPTION, Panel, render
@@ -157,7 +157,7 @@ class S2(Study):
         return {f"{key}_accuracy": render(acc_panels, f"{key}: {entry.get('title', key)}", caption),
                 f"{key}_length": render(len_panels, f"{key}: mean response length - {entry.get('title', key)}", caption)}
 
-    def evaluate(self, entry: Mapping[str, Any], curves: pd.DataFrame,
+    def evaluate(self, entry: S2Entry, curves: pd.DataFrame,
                  savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
         """Per subset, GRPO's final in-domain accuracy vs OPD's in-domain peak; then who finishes higher on held-out.
 
@@ -188,7 +188,7 @@ def _in_domain_curve(curves: pd.DataFrame, run: str) -> pd.DataFrame:
     return rows
 
 
-def _in_domain_verdict(subsets: list[Mapping[str, Any]], curves: pd.DataFrame) -> tuple:
+def _in_domain_verdict(subsets: list[Subset], curves: pd.DataFrame) -> tuple:
     """S2-in: GRPO's final in-domain accuracy above OPD's in-domain peak on every subset."""
     from opdgrpo.report.curves import format_pct
     from opdgrpo.report.uncertainty import FAILS, HOLDS
@@ -207,7 +207,7 @@ def _in_domain_verdict(subsets: list[Mapping[str, Any]], curves: pd.DataFrame) -
             min(in_margins), True)
 
 
-def _heldout_verdict(domain: str, subsets: list[Mapping[str, Any]], n_low: int, curves: pd.DataFrame) -> tuple:
+def _heldout_verdict(domain: str, subsets: list[Subset], n_low: int, curves: pd.DataFrame) -> tuple:
     """S2-heldout: OPD finishes higher on held-out on the ``n_low`` subsets the teacher solves least, GRPO on the rest."""
     from opdgrpo.report.curves import domain_curve, format_pct
     from opdgrpo.report.uncertainty import FAILS, HOLDS

@@ -42,7 +42,7 @@ class S3Entry(TypedDict):
     tolerance: NotRequired[float]  # accuracy points below the teacher still counted as reaching it (never planned)
 
 
-class S3(Study):
+class S3(Study[S3Entry]):
     name = "S3"
     claims = (
         ClaimDef(
@@ -76,14 +76,14 @@ class S3(Study):
                                       {d: f"run:{grpo.id}"}, {"rollouts_per_prompt": n}, label=label).id
         return S3Entry(title=s["title"], domain=d, grpo=grpo.id, teacher=grpo.id, opd=opd)
 
-    def cost_rows(self, entry: Mapping[str, Any], sheet: CostSheet) -> None:
+    def cost_rows(self, entry: S3Entry, sheet: CostSheet) -> None:
         """The distillation runs without their self-teacher, and the teacher's GRPO against each."""
         sheet.add("GRPO = the self-teacher (not counted in distillation)", [entry["grpo"]])
         for n, run in entry["opd"].items():
             sheet.add(f"distillation, {n} rollout(s)/prompt, teacher excluded", [run])
             sheet.add(f"GRPO / distillation n={n}", [entry["grpo"], run], "x", sheet.cost(entry["grpo"]) / sheet.cost(run))
 
-    def figures(self, entry: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
+    def figures(self, entry: S3Entry, ctx: PlotContext) -> dict[str, Figure]:
         """GRPO vs self-teacher OPD at each rollout count, with the teacher's final accuracy as a line. The
         distillation curves exclude the teacher's own GRPO FLOPs, as in the paper."""
         from opdgrpo.report.plots import STEP0_CAPTION, Panel, render
@@ -99,7 +99,7 @@ class S3(Study):
         caption = STEP0_CAPTION + " OPD FLOPs exclude the teacher's own GRPO training, as in the paper."
         return {f"{key}_accuracy": render([panel], f"{key}: {entry.get('title', key)}", caption)}
 
-    def evaluate(self, entry: Mapping[str, Any], curves: pd.DataFrame,
+    def evaluate(self, entry: S3Entry, curves: pd.DataFrame,
                  savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
         """FLOPs to the self-teacher's accuracy, OPD (n rollouts) vs GRPO (see the module docstring)."""
         from opdgrpo.report.curves import domain_curve, format_flops, format_pct

@@ -29,7 +29,7 @@ class S5bEntry(TypedDict):
     opd: str
 
 
-class S5b(Study):
+class S5b(Study[S5bEntry]):
     name = "S5b"
     claims = (
         ClaimDef(
@@ -54,11 +54,11 @@ class S5b(Study):
                           train_overrides={"mix": s.get("mix")})
         return S5bEntry(title=s["title"], domains=domains, teacher_model=t, opd=opd.id)
 
-    def cost_rows(self, entry: Mapping[str, Any], sheet: CostSheet) -> None:
+    def cost_rows(self, entry: S5bEntry, sheet: CostSheet) -> None:
         """The one run."""
         sheet.add(f"OPD {entry['teacher_model']} on {len(entry['domains'])} domains", [entry["opd"]])
 
-    def figures(self, entry: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
+    def figures(self, entry: S5bEntry, ctx: PlotContext) -> dict[str, Figure]:
         """One panel per domain (does it collapse?)."""
         from opdgrpo.report.plots import Panel, render
 
@@ -70,7 +70,7 @@ class S5b(Study):
             panels.append(panel)
         return {f"{self.name}_accuracy": render(panels, f"{self.name}: {entry.get('title', self.name)}")}
 
-    def evaluate(self, entry: Mapping[str, Any], curves: pd.DataFrame,
+    def evaluate(self, entry: S5bEntry, curves: pd.DataFrame,
                  savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
         """Count the domains whose final accuracy fell below half of step 0's."""
         from opdgrpo.report.curves import domain_curve, format_pct
