@@ -5,9 +5,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from opdgrpo.report.claims import _combine, eval_s2, eval_s5b
+from opdgrpo.report.claims import _combine
 from opdgrpo.report.curves import CURVE_COLUMNS, domain_accuracy
 from opdgrpo.runio import IN_DOMAIN_SET
+from opdgrpo.studies import REGISTRY
+
+eval_s2, eval_s5b = REGISTRY["S2"].evaluate, REGISTRY["S5b"].evaluate  # each study's claim evaluator
 
 
 def rows(run: str, points: list[tuple[int, float, dict[tuple[str, str], float]]], method: str = "grpo") -> list[dict]:

@@ -114,3 +114,13 @@ def test_several_seeds_plan_every_run_per_seed():
     s1 = plan.report_spec["studies"]["S1"]
     assert len(s1["seeds"]) == 2 and "grpo-student-math-s1" in plan.jobs
     assert len(plan.by_kind("difficulty")) == 1  # the subsets are data: shared by every seed
+
+
+def test_every_conf_study_has_a_registered_module():
+    """Adding a study is one module in opdgrpo.studies plus one conf/study/*.yaml: both must name the same studies."""
+    import yaml
+
+    from opdgrpo.studies import REGISTRY
+
+    names = {yaml.safe_load(path.read_text())["name"] for path in (CONF / "study").glob("*.yaml")}
+    assert names == set(REGISTRY)

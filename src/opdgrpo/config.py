@@ -15,6 +15,8 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from omegaconf import OmegaConf
 
+from .studies import REGISTRY
+
 
 class ConfigError(ValueError):
     """A problem in the configuration, with the key that causes it and what would fix it."""
@@ -121,10 +123,14 @@ def require(cfg: dict[str, Any], dotted: str, kind: type | tuple[type, ...] | No
     return node
 
 
-def _positive(cfg: dict[str, Any], dotted: str, number: type | tuple = (int, float)) -> None:
+def require_positive(cfg: dict[str, Any], dotted: str, number: type | tuple = (int, float)) -> None:
+    """:func:`require`, and the value must be > 0 (also for a study's own checks, :mod:`opdgrpo.studies`)."""
     value = require(cfg, dotted, number)
     if value <= 0:
         raise ConfigError(f"config key `{dotted}` must be > 0, got {value!r}")
+
+
+_positive = require_positive
 
 
 def validate(cfg: dict[str, Any]) -> None:
@@ -195,8 +201,9 @@ def validate(cfg: dict[str, Any]) -> None:
                 raise ConfigError(
                     f"config key `studies.{study}` uses teacher {teacher!r}, which is not in `models` ({sorted(cfg['models'])})"
                 )
-    if "S2" in cfg["studies"]:
-        _validate_s2(cfg)
+    for study in cfg["studies"]:  # each study's own checks (an unknown study is named by the planner)
+        if study in REGISTRY:
+            REGISTRY[study].validate(cfg)
     if "student" not in cfg["models"]:
         raise ConfigError("config key `models.student` is missing: every study trains the student")
 
@@ -266,16 +273,3 @@ def _check_sources(name: str, dcfg: dict[str, Any]) -> None:
         unknown = sorted(set(source) - set(SOURCE_KEYS))
         if unknown:
             raise ConfigError(f"config key `domains.{name}.{where}.source` has unknown keys {unknown}; known: {list(SOURCE_KEYS)}")
-
-
-def _validate_s2(cfg: dict[str, Any]) -> None:
-    """S2's selection rule must yield non-empty subsets and a sensible comparison."""
-    for key in ("k", "student_bins", "teacher_bins", "batch_size"):
-        _positive(cfg, f"studies.S2.{key}", int)
-    s2 = cfg["studies"]["S2"]
-    n = s2["student_bins"] * s2["teacher_bins"]
-    if require(cfg, "studies.S2.pool_size", (int, type(None))) is not None and s2["pool_size"] < n:
-        raise ConfigError(f"config key `studies.S2.pool_size` ({s2['pool_size']}) must be at least student_bins x teacher_bins ({n})")
-    low = require(cfg, "studies.S2.low_teacher_subsets", int)
-    if not 0 <= low <= n:
-        raise ConfigError(f"config key `studies.S2.low_teacher_subsets` must be in [0, {n}] (the number of subsets), got {low}")

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 
 from . import flops as F
 from .config import ConfigError
+from .studies import REGISTRY
 
 UNITS = {"FLOP": 1.0, "GFLOP": 1e9, "TFLOP": 1e12, "PFLOP": 1e15, "EFLOP": 1e18}
 COMPONENTS = ("rollout", "train", "teacher")
@@ -377,56 +378,39 @@ def _seed_entries(spec: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]
     return [("", spec)]
 
 
+class _Sheet:
+    """The :class:`~opdgrpo.studies.base.CostSheet` one study entry writes its rows to (one seed's entry)."""
+
+    def __init__(self, study: str, tag: str, costs: Mapping[str, float], study_runs: list[str], rows: list[StudyRow]):
+        self.study, self.tag, self.costs, self.study_runs, self.rows = study, tag, costs, study_runs, rows
+
+    def cost(self, run: str) -> float:
+        return float(self.costs.get(run, float("nan")))
+
+    def add(self, quantity: str, runs: Sequence[str], unit: str = "flops", value: float | None = None) -> None:
+        total = sum(self.cost(r) for r in runs) if value is None else value
+        self.rows.append(StudyRow(self.study, f"{quantity}{self.tag}", total, unit, list(runs)))
+
+
 def study_totals(report_spec: Mapping[str, Any], estimates: Sequence[RunEstimate],
                  costs: Mapping[str, float] | None = None) -> list[StudyRow]:
     """The studies' FLOP figures, as the paper quotes them (see PAPER.md), from the plan's report spec.
 
-    S1/S1b: each run and OPD's multiple of GRPO (S1b's teacher GRPO listed, not counted); S2: totals over the
-    subsets; S3: the distillation runs without their self-teacher, and the teacher's GRPO against them; S4/S5: the
-    experts' total, the distillation, its share of the experts, joint GRPO, the pipeline (experts + distillation) and
-    the savings 1 - pipeline / joint of the full runs; S5b: the run. ``costs`` (run -> FLOPs) replaces the
-    predictions, e.g. with the ledgers' totals; a figure with a run missing from it is NaN.
+    Each study's rows come from its module (:meth:`opdgrpo.studies.base.Study.cost_rows`: e.g. S4's experts,
+    distillation, share, joint GRPO, pipeline and savings of the full runs); a study no module registers gets the
+    total of its runs. ``costs`` (run -> FLOPs) replaces the predictions, e.g. with the ledgers' totals; a figure
+    with a run missing from it is NaN.
     """
     known = {e.run: e.total for e in estimates} if costs is None else costs
-    cost = lambda run: float(known.get(run, float("nan")))  # noqa: E731
     rows: list[StudyRow] = []
-
-    def add(study, quantity, runs, unit="flops", value=None):
-        rows.append(StudyRow(study, quantity, sum(cost(r) for r in runs) if value is None else value, unit, list(runs)))
-
-    for study, spec in report_spec.get("studies", {}).items():
-        for tag, s in _seed_entries(spec):
-            if study in ("S1", "S1b"):
-                for c in s["comparisons"]:
-                    d = c["domain"]
-                    add(study, f"GRPO ({d}){tag}", [c["grpo"]])
-                    for label, run in c["opd"].items():
-                        add(study, f"{label} ({d}){tag}", [run])
-                        add(study, f"{label} / GRPO ({d}){tag}", [run, c["grpo"]], "x", cost(run) / cost(c["grpo"]))
-                    if c.get("teacher"):
-                        add(study, f"teacher's own GRPO ({d}, not counted){tag}", [c["teacher"]])
-            elif study == "S2":
-                grpo, opd = [x["grpo"] for x in s["subsets"]], [x["opd"] for x in s["subsets"]]
-                add(study, f"GRPO, {len(grpo)} subsets{tag}", grpo)
-                add(study, f"OPD {s['teacher_model']}, {len(opd)} subsets{tag}", opd)
-            elif study == "S3":
-                add(study, f"GRPO = the self-teacher (not counted in distillation){tag}", [s["grpo"]])
-                for n, run in s["opd"].items():
-                    add(study, f"distillation, {n} rollout(s)/prompt, teacher excluded{tag}", [run])
-                    add(study, f"GRPO / distillation n={n}{tag}", [s["grpo"], run], "x", cost(s["grpo"]) / cost(run))
-            elif study in ("S4", "S5"):
-                experts, distill, joint = list(s["experts"]), s["distill"], s["joint"]
-                e, dist, j = sum(cost(r) for r in experts), cost(distill), cost(joint)
-                add(study, f"experts' total ({len(experts)} GRPO){tag}", experts)
-                add(study, f"distillation{tag}", [distill])
-                add(study, f"distillation / experts{tag}", [distill, *experts], "%", 100 * dist / e)
-                add(study, f"joint GRPO{tag}", [joint])
-                add(study, f"pipeline = experts + distillation{tag}", [*experts, distill])
-                add(study, f"savings 1 - pipeline / joint (full runs){tag}", [*experts, distill, joint], "%", 100 * (1 - (e + dist) / j))
-            elif study == "S5b":
-                add(study, f"OPD {s['teacher_model']} on {len(s['domains'])} domains{tag}", [s["opd"]])
-            else:  # a study this module does not know: the total of its runs
-                add(study, f"all runs{tag}", [r.run for r in estimates if study in r.studies])
+    for name, spec in report_spec.get("studies", {}).items():
+        study = REGISTRY.get(name)
+        for tag, entry in _seed_entries(spec):
+            sheet = _Sheet(name, tag, known, [r.run for r in estimates if name in r.studies], rows)
+            if study is None:
+                sheet.add("all runs", sheet.study_runs)
+            else:
+                study.cost_rows(entry, sheet)
     return rows
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from .config import ConfigError
-from .subsets import subset_names
+from .studies import REGISTRY
+from .studies.base import SeedEntries, into, study_student
 
 
 @dataclass
@@ -44,7 +45,10 @@ class Plan:
         return [j for j in self.jobs.values() if j.kind == kind]
 
 
-class _Planner:
+class Planner:
+    """Builds the jobs: the generic stages (tokenizer, base models, training runs, S2-style selection jobs) that the
+    studies' :meth:`~opdgrpo.studies.base.Study.plan` hooks ask for. A run asked for twice is planned once."""
+
     def __init__(self, cfg: dict[str, Any]):
         self.cfg = cfg
         self.root = f"{cfg['results_dir']}/{cfg['profile']}"
@@ -126,37 +130,14 @@ class _Planner:
         return job
 
     def grpo_expert(self, study: str, domain: str, seed: int, student: str = "student") -> Job:
+        """A student's GRPO run on one domain: S1's baseline, S3's self-teacher, S4/S5's expert (one run, shared)."""
         return self.run(f"grpo-{student}-{domain}-s{seed}", study, "grpo", [domain], seed, f"base:{student}", label="GRPO")
 
-    # -- studies ---------------------------------------------------------------------------------
-    def study_S1(self, s: dict[str, Any], seed: int) -> dict[str, Any]:
-        comparisons, st = [], _student(s)
-        for d in s["domains"]:
-            grpo = self.grpo_expert("S1", d, seed, st)
-            opd = {}
-            for t in s["teachers"]:
-                label = f"OPD {t}"
-                opd[label] = self.run(f"opd-{t}-{_into(st)}{d}-s{seed}", "S1", "opd", [d], seed, f"base:{st}", {d: f"base:{t}"},
-                                      label=label).id
-            comparisons.append({"domain": d, "grpo": grpo.id, "opd": opd})
-        return {"title": s["title"], "comparisons": comparisons}
-
-    def study_S1b(self, s: dict[str, Any], seed: int) -> dict[str, Any]:
-        comparisons, t, st = [], s["teacher"], _student(s)
-        for d in s["domains"]:
-            grpo = self.grpo_expert("S1b", d, seed, st)
-            teacher = self.run(f"grpo-{t}-{d}-s{seed}", "S1b-teacher", "grpo", [d], seed, f"base:{t}",
-                               method_overrides={"steps": s.get("teacher_steps")}, label=f"GRPO {t} (teacher)")
-            label = f"OPD {t}+GRPO"
-            opd = self.run(f"opd-{t}_grpo-{_into(st)}{d}-s{seed}", "S1b", "opd", [d], seed, f"base:{st}", {d: f"run:{teacher.id}"},
-                           label=label)
-            comparisons.append({"domain": d, "grpo": grpo.id, "opd": {label: opd.id}, "teacher": teacher.id})
-        return {"title": s["title"], "comparisons": comparisons}
-
-    def difficulty(self, s: dict[str, Any]) -> Job:
+    # -- selection jobs ---------------------------------------------------------------------------------------
+    def difficulty(self, s: Mapping[str, Any]) -> Job:
         """S2's selection job: solve rates of the base student and the teacher, cut into subsets (one for all seeds)."""
-        d, t, st = s["domain"], s["teacher"], _student(s)
-        job_id = f"difficulty-{d}-{_into(st)}{t}"
+        d, t, st = s["domain"], s["teacher"], study_student(s)
+        job_id = f"difficulty-{d}-{into(st)}{t}"
         if job_id not in self.jobs:
             student, teacher = self.base(st), self.base(t)
             rule = {k: s[k] for k in ("pool_size", "k", "temperature", "student_bins", "teacher_bins", "batch_size")}
@@ -180,83 +161,21 @@ class _Planner:
             entry.update({k: mcfg[k] for k in ("dtype", "attn_implementation") if mcfg.get(k)})
         return entry
 
-    def study_S2(self, s: dict[str, Any], seed: int) -> dict[str, Any]:
-        d, t, st = s["domain"], s["teacher"], _student(s)
-        selection = self.difficulty(s)
-        if "S2" not in selection.studies:
-            selection.studies.append("S2")
-        evals = {"eval_every": s.get("eval_every")}
-        subsets = []
-        for name in subset_names(int(s["student_bins"]), int(s["teacher_bins"])):
-            sub = (selection, {"domain": d, "subset": name, "eval_size": s.get("in_domain_eval_size")})
-            grpo = self.run(f"grpo-{st}-{d}_{name}-s{seed}", "S2", "grpo", [d], seed, f"base:{st}",
-                            method_overrides={"steps": s.get("grpo_steps")}, label=f"GRPO {name}", train_overrides=evals, subset=sub)
-            opd = self.run(f"opd-{t}-{_into(st)}{d}_{name}-s{seed}", "S2", "opd", [d], seed, f"base:{st}", {d: f"base:{t}"},
-                           {"steps": s.get("opd_steps")}, label=f"OPD {t} {name}", train_overrides=evals, subset=sub)
-            subsets.append({"name": name, "grpo": grpo.id, "opd": opd.id})
-        return {"title": s["title"], "domain": d, "teacher_model": t, "subsets": subsets,
-                "low_teacher_subsets": int(s.get("low_teacher_subsets", 3))}
-
-    def study_S3(self, s: dict[str, Any], seed: int) -> dict[str, Any]:
-        d, st = s["domain"], _student(s)
-        grpo = self.grpo_expert("S3", d, seed, st)
-        opd = {}
-        for n in s["rollouts_per_prompt"]:
-            label = f"OPD self n={n}"
-            opd[str(n)] = self.run(f"opd-self_n{n}-{_into(st)}{d}-s{seed}", "S3", "opd", [d], seed, f"base:{st}", {d: f"run:{grpo.id}"},
-                                   {"rollouts_per_prompt": n}, label=label).id
-        return {"title": s["title"], "domain": d, "grpo": grpo.id, "teacher": grpo.id, "opd": opd}
-
-    def consolidation(self, key: str, s: dict[str, Any], seed: int) -> dict[str, Any]:
-        """S4/S5: one GRPO expert per domain, joint GRPO on the mix, multi-teacher OPD of the experts."""
-        domains, st = list(s["domains"]), _student(s)
-        mix = "+".join(domains)
-        train = {"mix": s.get("mix")}
-        experts = [self.grpo_expert(key, d, seed, st) for d in domains]
-        joint = self.run(f"grpo-{st}-{mix}-s{seed}", key, "grpo", domains, seed, f"base:{st}",
-                         method_overrides={"steps": s.get("joint_steps")}, label="joint GRPO", train_overrides=train)
-        distill = self.run(f"opd-experts-{_into(st)}{mix}-s{seed}", key, "opd", domains, seed, f"base:{st}",
-                           {d: f"run:{e.id}" for d, e in zip(domains, experts)},
-                           {"steps": s.get("distill_steps")}, label="multi-teacher OPD", train_overrides=train)
-        return {"title": s["title"], "domains": domains, "joint": joint.id, "distill": distill.id,
-                "experts": [e.id for e in experts], "tolerance": float(s.get("tolerance", 0.0))}
-
-    def study_S4(self, s: dict[str, Any], seed: int) -> dict[str, Any]:
-        return self.consolidation("S4", s, seed)
-
-    def study_S5(self, s: dict[str, Any], seed: int) -> dict[str, Any]:
-        return self.consolidation("S5", s, seed)
-
-    def study_S5b(self, s: dict[str, Any], seed: int) -> dict[str, Any]:
-        """One external teacher distilled on every domain at once (no experts)."""
-        domains, t, st = list(s["domains"]), s["teacher"], _student(s)
-        mix = "+".join(domains)
-        opd = self.run(f"opd-{t}-{_into(st)}{mix}-s{seed}", "S5b", "opd", domains, seed, f"base:{st}", {d: f"base:{t}" for d in domains},
-                       {"steps": s.get("steps")}, label=f"OPD {t} (all domains)", train_overrides={"mix": s.get("mix")})
-        return {"title": s["title"], "domains": domains, "teacher_model": t, "opd": opd.id}
-
-
-def _student(s: dict[str, Any]) -> str:
-    """The model a study trains (``studies.<S>.student``; the model named ``student`` by default)."""
-    return str(s.get("student") or "student")
-
-
-def _into(student: str) -> str:
-    """Run-id part naming a non-default student (``into_student_8b-``); empty for the default, so ids stay stable."""
-    return "" if student == "student" else f"into_{student}-"
-
 
 def build_plan(cfg: dict[str, Any]) -> Plan:
-    """All jobs for the composed config, with the report spec that ties runs to studies."""
-    planner = _Planner(cfg)
+    """All jobs for the composed config, with the report spec that ties runs to studies.
+
+    Each ``studies.<name>`` block is planned by the registered study of that name (:mod:`opdgrpo.studies`), once
+    per seed; its report-spec entry is the study's own, or ``{"title", "seeds": [entry, ...]}`` for several seeds.
+    """
+    planner = Planner(cfg)
     studies: dict[str, Any] = {}
     for name, scfg in cfg["studies"].items():
-        build = getattr(planner, f"study_{name}", None)
-        if build is None:
-            known = sorted(m[len("study_"):] for m in dir(planner) if m.startswith("study_"))
-            raise ConfigError(f"config key `studies.{name}`: unknown study; known studies: {known}")
-        per_seed = [build(scfg, seed) for seed in cfg["seeds"]]
-        studies[name] = per_seed[0] if len(per_seed) == 1 else {"title": scfg["title"], "seeds": per_seed}
+        study = REGISTRY.get(name)
+        if study is None:
+            raise ConfigError(f"config key `studies.{name}`: unknown study; known studies: {sorted(REGISTRY)}")
+        per_seed = [study.plan(planner, scfg, seed) for seed in cfg["seeds"]]
+        studies[name] = per_seed[0] if len(per_seed) == 1 else SeedEntries(title=scfg["title"], seeds=per_seed)
     for model in cfg["models"]:  # every model's base stage runs, so teachers can be compared to the student
         planner.base(model)
     runs = [

@@ -4,13 +4,15 @@ The report reads only run directories (DESIGN.md, data flow) and writes, atomica
 so an interrupted report never leaves a half-written file that Snakemake would take as done):
 
 * ``curves.csv`` -- long form, the contracted columns (:data:`opdgrpo.report.curves.CURVE_COLUMNS`);
-* ``savings.csv`` and ``savings.md`` -- one row per consolidation study present (S4), matched-FLOP savings;
+* ``savings.csv`` and ``savings.md`` -- one row per consolidation study present (and seed), matched-FLOP savings;
 * ``claims.md`` -- each paper claim, paper value, ours, holds or not;
 * ``mfu.md`` -- per run: training FLOPs, wall time of its steps, achieved GFLOP/s, measured peak, MFU;
-* ``<study>_accuracy.png/.pdf`` per plotted study, and ``S1b_length.png/.pdf``.
+* ``<study>_accuracy.png/.pdf`` and ``<study>_length.png/.pdf`` per study.
 
-Study keys without a registered kind are skipped with a note instead of failing, so a spec from a newer planner
-(S2, S5, S5b) still yields the report for the studies this code knows.
+What is study-specific (its savings row, figures, claims, data copied from run directories) comes from the study's
+module (:data:`opdgrpo.studies.REGISTRY`); this module only orchestrates. Study keys the registry does not know are
+skipped with a note instead of failing, so a spec from a newer planner still yields the report for the studies this
+code knows.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from opdgrpo.report.claims import EVALUATORS, claims_table
+from opdgrpo.report.claims import claims_table
 from opdgrpo.report.constraints import constraints_markdown
 from opdgrpo.report.mfu import mfu_markdown
 from opdgrpo.report.curves import (
@@ -37,40 +39,16 @@ from opdgrpo.report.curves import (
     format_pct,
     load_curves,
     load_final_flops,
-    run_curve,
-    instance_seed,
     study_instances,
     validate_spec_runs,
 )
-from opdgrpo.report.plots import PLOTTERS, PlotContext, plot_lengths
-from opdgrpo.report.savings import PAPER_CONSOLIDATION, compute_savings
+from opdgrpo.report.plots import PlotContext, plot_lengths
+from opdgrpo.report.savings import SAVINGS_COLUMNS
 from opdgrpo.report.uncertainty import bootstrap_interval
+from opdgrpo.studies import REGISTRY
 
-#: Study keys handled as consolidation studies (experts + multi-teacher OPD vs joint GRPO).
-CONSOLIDATION_STUDIES: tuple[str, ...] = ("S4", "S5")
-
-SAVINGS_COLUMNS: list[str] = [
-    "study",
-    "domains",
-    "target_accuracy",
-    "joint_flops",
-    "expert_flops",
-    "distill_flops",
-    "pipeline_flops",
-    "savings",
-    "distill_share",
-    "paper_savings",
-    "paper_distill_share",
-    "tolerance_points",
-    "status",
-    "reason",
-    "seed",
-    "savings_lo",
-    "savings_hi",
-]
-
-#: Keys of a study entry whose (nested) string values are run ids.
-_RUN_REF_KEYS = {"grpo", "teacher", "joint", "distill", "experts", "opd", "base_length_run"}
+#: Keys of a study entry whose (nested) string values are run ids: those of every registered study.
+_RUN_REF_KEYS: frozenset[str] = frozenset().union(*(study.run_keys for study in REGISTRY.values()))
 DPI = 150
 
 
@@ -95,7 +73,8 @@ def load_spec(path: Path) -> dict[str, Any]:
 
 
 def referenced_runs(study: Any) -> list[str]:
-    """Run ids a study entry refers to (values under grpo/teacher/joint/distill/experts/opd/base_length_run)."""
+    """Run ids a study entry refers to: string values under the keys any registered study names runs under
+    (:attr:`~opdgrpo.studies.base.Study.run_keys`), in entry order, each once."""
     found: list[str] = []
 
     def collect(value: Any) -> None:
@@ -125,10 +104,9 @@ def referenced_runs(study: Any) -> list[str]:
 
 def known_studies(spec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """(study keys this code handles, notes for the ones it skips)."""
-    handled = set(PLOTTERS) | set(EVALUATORS) | set(CONSOLIDATION_STUDIES)
     known, notes = [], []
     for key in spec.get("studies", {}) or {}:
-        if key in handled:
+        if key in REGISTRY:
             known.append(key)
         else:
             notes.append(f"study {key}: no report kind registered for it; skipped")
@@ -148,13 +126,15 @@ def check_study_runs(spec: Mapping[str, Any], keys: Sequence[str]) -> None:
 def consolidation_rows(
     spec: Mapping[str, Any], curves: pd.DataFrame, final_flops: Mapping[str, float]
 ) -> list[dict[str, Any]]:
-    """One savings dict per consolidation study present (and per seed), with domains, paper values and status."""
+    """savings.csv's rows: each study present that has a savings row (the consolidation studies, registry order),
+    one row per seed, and a ``seed = all`` summary row when there are several."""
     rows = []
-    for key in CONSOLIDATION_STUDIES:
+    for key, study in REGISTRY.items():
         entry = (spec.get("studies") or {}).get(key)
         if entry is None:
             continue
-        per_seed = [_consolidation_row(spec, key, study, curves, final_flops) for study in study_instances(entry)]
+        per_seed = [study.savings_row(spec, inst, curves, final_flops) for inst in study_instances(entry)]
+        per_seed = [row for row in per_seed if row is not None]
         rows.extend(per_seed)
         if len(per_seed) > 1:
             rows.append(seed_summary_row(per_seed))
@@ -181,33 +161,6 @@ def seed_summary_row(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         row["status"] = "not matched"
         row["reason"] = f"matched in {len(matched)}/{len(per_seed)} seeds"
     return row
-
-
-def _consolidation_row(
-    spec: Mapping[str, Any], key: str, study: Mapping[str, Any], curves: pd.DataFrame, final_flops: Mapping[str, float]
-) -> dict[str, Any]:
-    """The savings row of one per-seed consolidation entry."""
-    for field in ("joint", "distill", "experts"):
-        if field not in study:
-            raise ReportInputError(f"report spec: study {key} is missing key '{field}'")
-    tol = float(study.get("tolerance", 0.0))
-    domains = list(study.get("domains") or dict.fromkeys(run_curve(curves, study["joint"])["eval_domain"]))
-    result = compute_savings(
-        curves, study["joint"], study["distill"], list(study["experts"]), domains, tol,
-        {e: final_flops[e] for e in study["experts"] if e in final_flops},
-    )
-    paper = PAPER_CONSOLIDATION.get(key, {})
-    return {
-        "study": key,
-        "domains": "+".join(domains),
-        **{k: result.get(k) for k in SAVINGS_COLUMNS if k in result},
-        "paper_savings": paper.get("savings"),
-        "paper_distill_share": paper.get("distill_share"),
-        "tolerance_points": tol,
-        "status": "matched" if result.get("savings") is not None else "not matched",
-        "reason": result.get("reason", ""),
-        "seed": instance_seed(dict(spec), dict(study)),
-    }
 
 
 def savings_markdown(rows: Sequence[Mapping[str, Any]], profile: str) -> str:
@@ -298,10 +251,6 @@ def draw_figures(
         first_rows.setdefault(r["study"], r)
     figures: dict[str, Figure] = {}
     for key in keys:
-        plotter = PLOTTERS.get(key)
-        if plotter is None:
-            notes.append(f"study {key}: no figure registered")
-            continue
         instances = study_instances(spec["studies"][key])
         study = dict(instances[0])
         ctx = PlotContext(curves=curves, labels=labels, savings={**first_rows, **summary_rows}, notes=notes,
@@ -309,7 +258,10 @@ def draw_figures(
         if len(instances) > 1:  # lines are means over seeds with a 95% band
             study["title"] = f"{study.get('title', key)} (mean and 95% interval over {len(instances)} seeds)"
         try:
-            drawn = plotter(key, study, ctx)
+            drawn = REGISTRY[key].figures(study, ctx)
+            if drawn is None:
+                notes.append(f"study {key}: no figure registered")
+                continue
             if f"{key}_length" not in drawn:
                 drawn.update(plot_lengths(key, referenced_runs(instances[0]), ctx, study.get("title", key)))
             figures.update(drawn)
@@ -326,21 +278,15 @@ def seed_twins(instances: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
     return {runs[0]: list(runs) for runs in zip(*per_seed)}
 
 
-def attach_subset_rates(spec: dict[str, Any], runs_dir: Path) -> None:
-    """S2: copy each subset's solve rates from its GRPO run's ``done.json`` into the study entry (the report reads
-    run directories only; the rates rank the subsets)."""
-    entry = (spec.get("studies") or {}).get("S2")
-    if entry is None:
-        return
-    for inst in entry["seeds"] if isinstance(entry.get("seeds"), list) else [entry]:
-        for sub in inst.get("subsets", []):
-            done = Path(runs_dir) / sub["grpo"] / "done.json"
-            if not done.is_file():
-                raise ReportInputError(f"{done}: not found (S2 subset {sub['name']})")
-            info = json.loads(done.read_text(encoding="utf-8")).get("train_subset")
-            if not info:
-                raise ReportInputError(f"{done}: no 'train_subset' (S2 subset {sub['name']}); rerun the run")
-            sub.update({k: info[k] for k in ("student_rate", "teacher_rate", "size") if k in info})
+def attach_run_info(spec: dict[str, Any], runs_dir: Path) -> None:
+    """Let each registered study copy into its spec entries (in place, every seed's) what it reads from run
+    directories besides the curves, e.g. S2's subset solve rates (:meth:`~opdgrpo.studies.base.Study.attach`)."""
+    for key, entry in (spec.get("studies") or {}).items():
+        study = REGISTRY.get(key)
+        if study is None:
+            continue
+        for inst in entry["seeds"] if isinstance(entry.get("seeds"), list) else [entry]:
+            study.attach(inst, runs_dir)
 
 
 def base_models_markdown(spec: Mapping[str, Any], profile: str) -> str:
@@ -377,7 +323,7 @@ def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, An
     keys, notes = known_studies(spec)
     check_study_runs(spec, keys)
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
-    attach_subset_rates(spec, runs_dir)
+    attach_run_info(spec, runs_dir)
     curves = load_curves(spec, runs_dir)
     final_flops = load_final_flops(runs_dir, [e["run"] for e in spec["runs"]])
     rows = consolidation_rows(spec, curves, final_flops)

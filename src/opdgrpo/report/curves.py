@@ -302,6 +302,18 @@ def mix_accuracy(df: pd.DataFrame, domains: Sequence[str]) -> pd.DataFrame:
     return out.sort_values(["run", "study", "step"], kind="stable").reset_index(drop=True)
 
 
+def domain_curve(curves: pd.DataFrame, run: str, domain: str) -> pd.DataFrame:
+    """One run's accuracy on one domain (mean of its held-out sets) by step: what the claim tests compare.
+
+    Raises :class:`ReportInputError` naming the run and domain when the run never evaluates that domain.
+    """
+    dom = domain_accuracy(run_curve(curves, run))
+    dom = dom[dom["eval_domain"] == domain].sort_values("step", kind="stable")
+    if dom.empty:
+        raise ReportInputError(f"run '{run}' has no evaluation on domain '{domain}'")
+    return dom
+
+
 # ------------------------------------------------------------------------------------------------------------ units
 _FLOP_UNITS: list[tuple[float, str]] = [
     (1e18, "EFLOP"),

@@ -12,16 +12,17 @@ nonzero FLOP count in the figure, label that tick "0", and draw a dotted vertica
 first real decade; every figure's caption says so. Distances left of the break mean nothing.
 
 Figures are built on :class:`matplotlib.figure.Figure` with the Agg canvas (no pyplot global state), and returned
-to the caller, which saves them (PNG and PDF) atomically. Study kinds are registered in :data:`PLOTTERS`; a new study
-kind slots in by adding one function there. With several seeds each line is the mean over seeds at each evaluation
-step with its 95% t interval as a shaded band (:class:`PlotContext` maps a run to its twins in the other seeds).
+to the caller, which saves them (PNG and PDF) atomically. Each study draws its own figures from these primitives
+(:meth:`opdgrpo.studies.base.Study.figures`); :func:`plot_lengths` is the length figure of a study that draws none.
+With several seeds each line is the mean over seeds at each evaluation step with its 95% t interval as a shaded band
+(:class:`PlotContext` maps a run to its twins in the other seeds).
 """
 
 from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # the Agg backend, 
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
-from opdgrpo.report.curves import domain_accuracy, flop_unit, format_flops, mix_accuracy, run_curve
+from opdgrpo.report.curves import domain_accuracy, flop_unit, mix_accuracy, run_curve
 from opdgrpo.report.uncertainty import mean_interval
 from opdgrpo.runio import IN_DOMAIN_SET
 
@@ -217,129 +218,7 @@ def render(panels: Sequence[Panel], title: str, caption: str = STEP0_CAPTION) ->
     return fig
 
 
-# ------------------------------------------------------------------------------------------------- study plotters
-def _comparison_panels(study: Mapping[str, Any], ctx: PlotContext, value: str) -> list[Panel]:
-    ylabel = "held-out accuracy (%)" if value == "accuracy" else "mean response length (tokens)"
-    panels = []
-    for comp in study.get("comparisons", []):
-        domain = comp["domain"]
-        panel = Panel(title=f"{domain}", ylabel=ylabel)
-        runs = [(ctx.label(comp["grpo"]), comp["grpo"], "-")]
-        runs += [(str(lbl), run, "--") for lbl, run in comp.get("opd", {}).items()]
-        for label, run, ls in runs:
-            panel.lines.append(ctx.line(run, domain, label, value, linestyle=ls))
-        base = study.get("base_length_run")
-        if value == "mean_response_length" and base:
-            panel.hlines.append((float(ctx.series(base, domain, value).y[0]), f"base student ({base}, step 0)"))
-        panels.append(panel)
-    return panels
-
-
-def plot_comparison(key: str, study: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
-    """S1-style study: GRPO vs external-teacher OPD, one panel per compared domain (in-domain accuracy)."""
-    title = f"{key}: {study.get('title', key)}"
-    return {f"{key}_accuracy": render(_comparison_panels(study, ctx, "accuracy"), title)}
-
-
-def plot_self_teacher(key: str, study: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
-    """S3: GRPO vs self-teacher OPD at several rollout counts, with the teacher's final accuracy as a line.
-
-    The distillation curves exclude the teacher's own GRPO FLOPs, as in the paper.
-    """
-    domain = study["domain"]
-    panel = Panel(title=domain, ylabel="held-out accuracy (%)")
-    panel.lines.append(ctx.line(study["grpo"], domain, ctx.label(study["grpo"])))
-    for n, run in sorted(study.get("opd", {}).items(), key=lambda kv: _as_int(kv[0])):
-        suffix = "rollout" if str(n) == "1" else "rollouts"
-        panel.lines.append(ctx.line(run, domain, f"self-teacher OPD, {n} {suffix}/prompt", linestyle="--"))
-    teacher = study["teacher"]
-    panel.hlines.append((float(ctx.series(teacher, domain).y[-1]), f"teacher ({teacher}) final accuracy"))
-    caption = STEP0_CAPTION + " OPD FLOPs exclude the teacher's own GRPO training, as in the paper."
-    return {f"{key}_accuracy": render([panel], f"{key}: {study.get('title', key)}", caption)}
-
-
-def plot_difficulty(key: str, study: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
-    """S2: one panel per difficulty subset (ranked by the teacher's solve rate): GRPO and OPD on the subset's own
-    prompts (solid, in-domain) and on held-out math (dotted); and the same panels for response length."""
-    domain = study["domain"]
-    acc_panels, len_panels = [], []
-    subsets = sorted(study.get("subsets", []), key=lambda sub: (float(sub.get("teacher_rate", 0.0)), sub["name"]))
-    for sub in subsets:
-        rates = ""
-        if "teacher_rate" in sub:
-            rates = f" (solve rate: student {100 * sub['student_rate']:.0f}%, teacher {100 * sub['teacher_rate']:.0f}%)"
-        acc = Panel(title=f"{sub['name']}{rates}", ylabel="accuracy (%)")
-        length = Panel(title=f"{sub['name']}{rates}", ylabel="mean response length (tokens)")
-        for method, run in (("GRPO", sub["grpo"]), ("OPD", sub["opd"])):
-            acc.lines.append(ctx.line(run, IN_DOMAIN_SET, f"{method}, in-domain", color_key=method))
-            acc.lines.append(ctx.line(run, domain, f"{method}, held-out {domain}", linestyle=":", marker="s",
-                                      color_key=method))
-            length.lines.append(ctx.line(run, domain, f"{method}, held-out {domain}", "mean_response_length",
-                                         color_key=method))
-        acc_panels.append(acc)
-        len_panels.append(length)
-    caption = (STEP0_CAPTION + " Panels are ordered by the teacher's solve rate on the subset, lowest first; "
-               "in-domain = the subset's own training prompts.")
-    return {f"{key}_accuracy": render(acc_panels, f"{key}: {study.get('title', key)}", caption),
-            f"{key}_length": render(len_panels, f"{key}: mean response length - {study.get('title', key)}", caption)}
-
-
-def plot_consolidation(key: str, study: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
-    """S4-style study: joint GRPO vs experts + multi-teacher OPD; one panel per domain, then a mix panel.
-
-    Domain panels show each run on its own FLOPs. The mix panel charges the pipeline its full cost: the distillation
-    curve is shifted right by the experts' total FLOPs (marked), and the matched points of the savings are starred.
-    """
-    domains = list(study["domains"])
-    joint, distill, experts = study["joint"], study["distill"], list(study["experts"])
-    runs = [(joint, "-", ctx.label(joint)), (distill, "--", ctx.label(distill))]
-    for e in experts:  # experts often share a label ("GRPO"): name their training domains
-        trained = run_curve(ctx.curves, e)["train_domains"].iloc[0]
-        runs.append((e, ":", f"{ctx.label(e)} expert ({trained})"))
-    panels = []
-    for domain in domains:
-        panel = Panel(title=domain, ylabel="held-out accuracy (%)")
-        for run, ls, label in runs:
-            try:
-                panel.lines.append(ctx.line(run, domain, label, linestyle=ls, color_key=run))
-            except ValueError:
-                continue  # an expert need not evaluate the other domains
-        panels.append(panel)
-    sav = ctx.savings.get(key, {})
-    expert_flops = sav.get("expert_flops")
-    if expert_flops is None:
-        expert_flops = float(sum(run_curve(ctx.curves, e)["cumulative_flops"].max() for e in experts))
-    mix = Panel(title=f"mix ({' + '.join(domains)}), pipeline cost", ylabel="mix accuracy (%)")
-    mix.lines.append(ctx.line(joint, domains, ctx.label(joint), color_key=joint))
-    shifted = ctx.line(distill, domains, f"{ctx.label(distill)} (+ experts' FLOPs)", linestyle="--", color_key=distill)
-    shifted.flops = shifted.flops + expert_flops
-    mix.lines.append(shifted)
-    mix.vlines.append((expert_flops, f"experts' total {format_flops(expert_flops)}"))
-    if sav.get("target_accuracy") is not None:
-        mix.hlines.append((100.0 * sav["target_accuracy"], "target: joint GRPO best"))
-        mix.points.append((sav["joint_flops"], 100.0 * sav["target_accuracy"], "matched points"))
-        if sav.get("pipeline_flops") is not None:
-            tol = float(study.get("tolerance", 0.0))
-            mix.points.append((sav["pipeline_flops"], 100.0 * sav["target_accuracy"] - tol, "_nolegend_"))
-    panels.append(mix)
-    caption = (
-        STEP0_CAPTION + " Mix panel: the distillation curve is shifted right by the experts' total training FLOPs "
-        "(dash-dot line), so its x is the whole pipeline's cost."
-    )
-    return {f"{key}_accuracy": render(panels, f"{key}: {study.get('title', key)}", caption)}
-
-
-def plot_single_teacher(key: str, study: Mapping[str, Any], ctx: PlotContext) -> dict[str, Figure]:
-    """S5b: one external teacher distilled on every domain: one panel per domain (does it collapse?)."""
-    run = study["opd"]
-    panels = []
-    for domain in study["domains"]:
-        panel = Panel(title=domain, ylabel="held-out accuracy (%)")
-        panel.lines.append(ctx.line(run, domain, ctx.label(run), linestyle="--"))
-        panels.append(panel)
-    return {f"{key}_accuracy": render(panels, f"{key}: {study.get('title', key)}")}
-
-
+# ------------------------------------------------------------------------------------------------ length figure
 def plot_lengths(key: str, runs: Sequence[str], ctx: PlotContext, title: str) -> dict[str, Figure]:
     """Any study: mean response length on held-out sets against training FLOPs, one panel per evaluated domain,
     one line per run of the study (external-teacher OPD's length inflation, S1b, shows here for every study)."""
@@ -361,23 +240,3 @@ def plot_lengths(key: str, runs: Sequence[str], ctx: PlotContext, title: str) ->
                 continue
         panels.append(panel)
     return {f"{key}_length": render(panels, f"{key}: mean response length - {title}")}
-
-
-def _as_int(value: Any) -> float:
-    try:
-        return float(int(str(value)))
-    except ValueError:
-        return math.inf
-
-
-#: Study key -> plotter, each returning ``{file stem: Figure}``: its ``<key>_accuracy`` figure, and its
-#: ``<key>_length`` figure where it draws one itself (else :func:`plot_lengths` does).
-PLOTTERS: dict[str, Callable[[str, Mapping[str, Any], PlotContext], dict[str, Figure]]] = {
-    "S1": plot_comparison,
-    "S1b": plot_comparison,
-    "S2": plot_difficulty,
-    "S3": plot_self_teacher,
-    "S4": plot_consolidation,
-    "S5": plot_consolidation,
-    "S5b": plot_single_teacher,
-}

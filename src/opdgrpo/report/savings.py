@@ -44,12 +44,6 @@ from opdgrpo.report.curves import (
     run_curve,
 )
 
-#: Paper values for consolidation studies (PAPER.md): savings and distillation share, for the savings table.
-PAPER_CONSOLIDATION: dict[str, dict[str, float]] = {
-    "S4": {"savings": 0.420, "distill_share": 0.052, "expert_eflop": 10.7, "distill_eflop": 0.55},
-    "S5": {"savings": 0.316, "distill_share": 0.080, "expert_eflop": 14.4, "distill_eflop": 1.15},
-}
-
 #: Slack for comparing accuracies that went through a mean of floats (so a point equal to the target counts).
 _EPS = 1e-9
 
@@ -61,6 +55,28 @@ SAVINGS_KEYS: list[str] = [
     "distill_flops",
     "savings",
     "distill_share",
+]
+
+#: Columns of savings.csv: one row per consolidation study and seed (:meth:`opdgrpo.studies.base.Study.savings_row`),
+#: plus a ``seed = all`` row with the bootstrap interval when a study has several seeds.
+SAVINGS_COLUMNS: list[str] = [
+    "study",
+    "domains",
+    "target_accuracy",
+    "joint_flops",
+    "expert_flops",
+    "distill_flops",
+    "pipeline_flops",
+    "savings",
+    "distill_share",
+    "paper_savings",
+    "paper_distill_share",
+    "tolerance_points",
+    "status",
+    "reason",
+    "seed",
+    "savings_lo",
+    "savings_hi",
 ]
 
 

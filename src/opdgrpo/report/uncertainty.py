@@ -60,7 +60,8 @@ def bootstrap_interval(values: Sequence[float], reps: int = 2000, seed: int = 0)
     return float(x.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
-HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
+#: The verdict words of claims.md; ``not measured`` when a claim has no data (study absent, a run lacks the domain).
+HOLDS, FAILS, INCONCLUSIVE, UNMEASURED = "holds", "does not hold", "inconclusive", "not measured"
 
 
 def interval_verdict(lo: float, hi: float, threshold: float = 0.0, strict: bool = True) -> str:

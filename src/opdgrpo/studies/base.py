@@ -1,0 +1,135 @@
+"""The study contract: what one study (S1, S2, ...) owns, and the small vocabulary its hooks share.
+
+A study is one module of :mod:`opdgrpo.studies` that defines ``STUDY``, an instance of a :class:`Study` subclass
+named like its ``studies.<name>`` block in ``conf/``. Everything about that study lives there, in data-flow order:
+
+* **conf**: :meth:`Study.validate` (checks beyond the generic ones :func:`opdgrpo.config.validate` applies to every
+  study block: domains, teachers, student, mix);
+* **plan**: :meth:`Study.plan` asks the planner for the study's runs and returns its *report-spec entry*, a
+  ``TypedDict`` (plain JSON: Snakemake writes it into ``spec.json``, the report reads it back; the TypedDict is the
+  one place both sides take its keys from);
+* **cost model**: :meth:`Study.cost_rows` (the FLOP figures ``opdgrpo flops estimate`` prints for the study);
+* **report**: :meth:`Study.attach` (copy what the entry needs from run directories), :meth:`Study.savings_row`
+  (matched-FLOP savings, consolidation studies only), :meth:`Study.figures`, :meth:`Study.evaluate` with the claim
+  rows :attr:`Study.claims` and their :attr:`Study.direction_tests` sentence.
+
+Imports stay one-way and light: this module imports nothing of the package; plan-side hooks receive the planner;
+report-side hooks import report primitives (pandas, matplotlib) inside the hook, so conf and plan, which import the
+registry, load neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypedDict, TypeVar
+
+if TYPE_CHECKING:  # type hints only: the planner and the report import this module, not the other way round
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    from opdgrpo.plan import Planner
+    from opdgrpo.report.plots import PlotContext
+
+#: A study's report-spec entry type (a TypedDict, one per study kind: what its plan writes and its report reads).
+Entry = TypeVar("Entry", bound=Mapping[str, Any])
+
+#: Claim id -> ``(ours, verdict)`` or ``(ours, verdict, margin, strict)``: see :func:`opdgrpo.report.claims._combine`.
+Verdicts = dict[str, tuple]
+
+
+@dataclass(frozen=True)
+class ClaimDef:
+    """A paper claim: its id, what it says, and the paper's numbers (one row of ``claims.md``)."""
+
+    id: str
+    study: str
+    claim: str
+    paper: str
+
+
+class SeedEntries(TypedDict):
+    """A study's report-spec entry when several seeds are planned: one entry per seed, in ``seeds`` order."""
+
+    title: str
+    seeds: list[Any]
+
+
+class CostSheet(Protocol):
+    """Where :meth:`Study.cost_rows` writes its figures (:mod:`opdgrpo.cost` provides it)."""
+
+    study_runs: list[str]   # the planned runs that list this study
+
+    def cost(self, run: str) -> float:
+        """A run's FLOPs (predicted, or from its ledger); NaN when unknown."""
+        ...
+
+    def add(self, quantity: str, runs: Sequence[str], unit: str = "flops", value: float | None = None) -> None:
+        """One figure: ``value`` (default: the runs' FLOPs summed) in ``unit`` ("flops" | "%" | "x")."""
+        ...
+
+
+class Study(Generic[Entry]):
+    """Base of every study; subclasses set the class attributes and override the hooks they need.
+
+    ``Entry`` is the study's report-spec entry type: :meth:`plan` returns one, the report-side hooks receive one
+    (read back from ``spec.json``), so both halves take the entry's keys from the same TypedDict.
+
+    The report-side hooks take the *per-seed* entry (a study planned with several seeds is evaluated seed by seed;
+    :func:`opdgrpo.report.curves.study_instances`). Defaults do nothing, so a study only writes what it has.
+    """
+
+    #: The key of its conf block (``studies.<name>``) and of its report-spec entry; also its registry key.
+    name: ClassVar[str] = ""
+    #: Its rows of claims.md, in order (each ``ClaimDef.study`` is ``name``).
+    claims: ClassVar[tuple[ClaimDef, ...]] = ()
+    #: Its sentence(s) in claims.md's "Direction tests" paragraph: how each of its claims is decided.
+    direction_tests: ClassVar[str] = ""
+    #: Where that sentence goes in the paragraph, lowest first. The paragraph predates the registry (S2 was described
+    #: after S4), so the studies' ranks keep its order and claims.md byte for byte; a new study may keep the default.
+    direction_tests_rank: ClassVar[int] = 1000
+    #: Keys of its report-spec entry (at any depth) whose values are run ids: the report checks they are planned.
+    run_keys: ClassVar[frozenset[str]] = frozenset()
+
+    # -- conf and plan --------------------------------------------------------------------------------------------
+    def validate(self, cfg: dict[str, Any]) -> None:
+        """Raise :class:`opdgrpo.config.ConfigError` naming the key for what this study's block gets wrong."""
+
+    def plan(self, planner: Planner, block: Mapping[str, Any], seed: int) -> Entry:
+        """Ask ``planner`` for this seed's runs; return the report-spec entry that names them."""
+        raise NotImplementedError(f"study {self.name} plans nothing")
+
+    # -- cost model -----------------------------------------------------------------------------------------------
+    def cost_rows(self, entry: Entry, sheet: CostSheet) -> None:
+        """Add this study's FLOP figures to ``sheet`` (default: the total of its runs)."""
+        sheet.add("all runs", sheet.study_runs)
+
+    # -- report ---------------------------------------------------------------------------------------------------
+    def attach(self, entry: Entry, runs_dir: Path) -> None:
+        """Copy into ``entry`` (in place) what the report needs from run directories beyond the curves."""
+
+    def savings_row(self, spec: Mapping[str, Any], entry: Entry, curves: pd.DataFrame,
+                    final_flops: Mapping[str, float]) -> dict[str, Any] | None:
+        """Its row of savings.csv (matched-FLOP savings), or None when the study has no such figure."""
+        return None
+
+    def figures(self, entry: Entry, ctx: PlotContext) -> dict[str, Figure] | None:
+        """``{file stem: Figure}``: its ``<name>_accuracy`` figure and, where it draws one, ``<name>_length``
+        (else the report draws the generic length figure); None: no figure registered."""
+        return None
+
+    def evaluate(self, entry: Entry, curves: pd.DataFrame,
+                 savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
+        """Verdicts of its claims measured on ``curves`` (and its savings row, ``savings[name]``, if any)."""
+        return {}
+
+
+def study_student(block: Mapping[str, Any]) -> str:
+    """The model a study trains (``studies.<S>.student``; the model named ``student`` by default)."""
+    return str(block.get("student") or "student")
+
+
+def into(student: str) -> str:
+    """Run-id part naming a non-default student (``into_student_8b-``); empty for the default, so ids stay stable."""
+    return "" if student == "student" else f"into_{student}-"

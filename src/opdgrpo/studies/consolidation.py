@@ -1,0 +1,206 @@
+"""Shared base of S4 and S5: one GRPO expert per domain, then multi-teacher OPD of the experts into the base
+student, against joint GRPO on the mix of the same domains. The paper's headline: matched-FLOP savings
+(:func:`opdgrpo.report.savings.compute_savings`, DESIGN.md's contract).
+
+* **<S>-share**: distill share (distillation FLOPs to the target / experts' final FLOPs) < 1.
+* **<S>-savings**: savings = 1 - (experts' final FLOPs + distillation FLOPs to joint GRPO's best mix accuracy) /
+  joint GRPO's FLOPs to that accuracy > 0. A distillation that never reaches the target means the pipeline never
+  matches joint GRPO: the claim does not hold.
+
+A subclass sets the study's name, its claim rows and the paper's numbers (:class:`PaperSavings`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
+
+from .base import CostSheet, Study, Verdicts, into, study_student
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    from opdgrpo.plan import Planner
+    from opdgrpo.report.plots import Panel, PlotContext
+
+
+class ConsolidationEntry(TypedDict):
+    """Report-spec entry of S4 and S5."""
+
+    title: str
+    domains: list[str]
+    joint: str            # joint GRPO on the mix
+    distill: str          # multi-teacher OPD of the experts
+    experts: list[str]    # one GRPO run per domain, in ``domains`` order
+    tolerance: float      # accuracy points below the joint target still counted as matched
+
+
+@dataclass(frozen=True)
+class PaperSavings:
+    """The paper's figures for a consolidation study (PAPER.md), shown beside ours in savings.csv/.md."""
+
+    savings: float         # 1 - pipeline / joint
+    distill_share: float   # distillation / experts
+    expert_eflop: float
+    distill_eflop: float
+
+
+class ConsolidationStudy(Study[ConsolidationEntry]):
+    """Experts + multi-teacher OPD vs joint GRPO on the mix."""
+
+    run_keys = frozenset({"joint", "distill", "experts"})
+    paper: ClassVar[PaperSavings]
+
+    def plan(self, planner: Planner, s: Mapping[str, Any], seed: int) -> ConsolidationEntry:
+        """One GRPO expert per domain (shared with S1/S3 and the other consolidation study), joint GRPO on the mix,
+        multi-teacher OPD of the experts."""
+        domains, st = list(s["domains"]), study_student(s)
+        mix = "+".join(domains)
+        train = {"mix": s.get("mix")}
+        experts = [planner.grpo_expert(self.name, d, seed, st) for d in domains]
+        joint = planner.run(f"grpo-{st}-{mix}-s{seed}", self.name, "grpo", domains, seed, f"base:{st}",
+                            method_overrides={"steps": s.get("joint_steps")}, label="joint GRPO", train_overrides=train)
+        distill = planner.run(f"opd-experts-{into(st)}{mix}-s{seed}", self.name, "opd", domains, seed, f"base:{st}",
+                              {d: f"run:{e.id}" for d, e in zip(domains, experts)},
+                              {"steps": s.get("distill_steps")}, label="multi-teacher OPD", train_overrides=train)
+        return ConsolidationEntry(title=s["title"], domains=domains, joint=joint.id, distill=distill.id,
+                                  experts=[e.id for e in experts], tolerance=float(s.get("tolerance", 0.0)))
+
+    def cost_rows(self, entry: ConsolidationEntry, sheet: CostSheet) -> None:
+        """The experts' total, the distillation, its share of the experts, joint GRPO, the pipeline (experts +
+        distillation) and the savings 1 - pipeline / joint of the full runs."""
+        experts, distill, joint = list(entry["experts"]), entry["distill"], entry["joint"]
+        e, dist, j = sum(sheet.cost(r) for r in experts), sheet.cost(distill), sheet.cost(joint)
+        sheet.add(f"experts' total ({len(experts)} GRPO)", experts)
+        sheet.add("distillation", [distill])
+        sheet.add("distillation / experts", [distill, *experts], "%", 100 * dist / e)
+        sheet.add("joint GRPO", [joint])
+        sheet.add("pipeline = experts + distillation", [*experts, distill])
+        sheet.add("savings 1 - pipeline / joint (full runs)", [*experts, distill, joint], "%", 100 * (1 - (e + dist) / j))
+
+    def savings_row(self, spec: Mapping[str, Any], entry: ConsolidationEntry, curves: pd.DataFrame,
+                    final_flops: Mapping[str, float]) -> dict[str, Any]:
+        """The savings row of one per-seed entry: matched-FLOP savings with domains, paper values and status."""
+        from opdgrpo.report.curves import ReportInputError, instance_seed, run_curve
+        from opdgrpo.report.savings import SAVINGS_COLUMNS, compute_savings
+
+        for field in ("joint", "distill", "experts"):
+            if field not in entry:
+                raise ReportInputError(f"report spec: study {self.name} is missing key '{field}'")
+        tol = float(entry.get("tolerance", 0.0))
+        domains = list(entry.get("domains") or dict.fromkeys(run_curve(curves, entry["joint"])["eval_domain"]))
+        result = compute_savings(
+            curves, entry["joint"], entry["distill"], list(entry["experts"]), domains, tol,
+            {e: final_flops[e] for e in entry["experts"] if e in final_flops},
+        )
+        return {
+            "study": self.name,
+            "domains": "+".join(domains),
+            **{k: result.get(k) for k in SAVINGS_COLUMNS if k in result},
+            "paper_savings": self.paper.savings,
+            "paper_distill_share": self.paper.distill_share,
+            "tolerance_points": tol,
+            "status": "matched" if result.get("savings") is not None else "not matched",
+            "reason": result.get("reason", ""),
+            "seed": instance_seed(dict(spec), dict(entry)),
+        }
+
+    def figures(self, entry: ConsolidationEntry, ctx: PlotContext) -> dict[str, Figure]:
+        """Joint GRPO vs experts + multi-teacher OPD; one panel per domain, then a mix panel.
+
+        Domain panels show each run on its own FLOPs. The mix panel charges the pipeline its full cost: the
+        distillation curve is shifted right by the experts' total FLOPs (marked), and the matched points of the
+        savings are starred.
+        """
+        from opdgrpo.report.curves import run_curve
+        from opdgrpo.report.plots import STEP0_CAPTION, Panel, render
+
+        domains = list(entry["domains"])
+        joint, distill, experts = entry["joint"], entry["distill"], list(entry["experts"])
+        runs = [(joint, "-", ctx.label(joint)), (distill, "--", ctx.label(distill))]
+        for e in experts:  # experts often share a label ("GRPO"): name their training domains
+            trained = run_curve(ctx.curves, e)["train_domains"].iloc[0]
+            runs.append((e, ":", f"{ctx.label(e)} expert ({trained})"))
+        panels = []
+        for domain in domains:
+            panel = Panel(title=domain, ylabel="held-out accuracy (%)")
+            for run, ls, label in runs:
+                try:
+                    panel.lines.append(ctx.line(run, domain, label, linestyle=ls, color_key=run))
+                except ValueError:
+                    continue  # an expert need not evaluate the other domains
+            panels.append(panel)
+        panels.append(_mix_panel(self.name, entry, ctx))
+        caption = (
+            STEP0_CAPTION + " Mix panel: the distillation curve is shifted right by the experts' total training FLOPs "
+            "(dash-dot line), so its x is the whole pipeline's cost."
+        )
+        return {f"{self.name}_accuracy": render(panels, f"{self.name}: {entry.get('title', self.name)}", caption)}
+
+    def evaluate(self, entry: ConsolidationEntry, curves: pd.DataFrame,
+                 savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
+        """Distillation share and matched-FLOP savings, read from the study's savings row."""
+        return _consolidation_verdicts(self.name, savings)
+
+
+def _mix_panel(key: str, entry: ConsolidationEntry, ctx: PlotContext) -> Panel:
+    """The mix panel: joint GRPO, and the distillation shifted right by the experts' FLOPs, with the matched points."""
+    from opdgrpo.report.curves import format_flops, run_curve
+    from opdgrpo.report.plots import Panel
+
+    domains = list(entry["domains"])
+    joint, distill, experts = entry["joint"], entry["distill"], list(entry["experts"])
+    sav = ctx.savings.get(key, {})
+    expert_flops = sav.get("expert_flops")
+    if expert_flops is None:
+        expert_flops = float(sum(run_curve(ctx.curves, e)["cumulative_flops"].max() for e in experts))
+    mix = Panel(title=f"mix ({' + '.join(domains)}), pipeline cost", ylabel="mix accuracy (%)")
+    mix.lines.append(ctx.line(joint, domains, ctx.label(joint), color_key=joint))
+    shifted = ctx.line(distill, domains, f"{ctx.label(distill)} (+ experts' FLOPs)", linestyle="--", color_key=distill)
+    shifted.flops = shifted.flops + expert_flops
+    mix.lines.append(shifted)
+    mix.vlines.append((expert_flops, f"experts' total {format_flops(expert_flops)}"))
+    if sav.get("target_accuracy") is not None:
+        mix.hlines.append((100.0 * sav["target_accuracy"], "target: joint GRPO best"))
+        mix.points.append((sav["joint_flops"], 100.0 * sav["target_accuracy"], "matched points"))
+        if sav.get("pipeline_flops") is not None:
+            tol = float(entry.get("tolerance", 0.0))
+            mix.points.append((sav["pipeline_flops"], 100.0 * sav["target_accuracy"] - tol, "_nolegend_"))
+    return mix
+
+
+def _consolidation_verdicts(key: str, savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
+    """``<key>-share`` and ``<key>-savings`` from the study's savings row (none without a row)."""
+    from opdgrpo.report.curves import format_flops, format_pct
+    from opdgrpo.report.uncertainty import FAILS, HOLDS, UNMEASURED
+
+    sav = savings.get(key)
+    if sav is None:
+        return {}
+    expert, distill = sav.get("expert_flops"), sav.get("distill_flops")
+    if distill is None:
+        why = sav.get("reason", "the distillation never reached the target")
+        share = (f"experts {format_flops(expert)}; distillation never reached the target", f"{UNMEASURED}: {why}")
+        saving = ((f"target {format_pct(sav.get('target_accuracy'))}, joint {format_flops(sav.get('joint_flops'))}; "
+                   "pipeline never matched"), f"{FAILS}: {why}")
+        return {f"{key}-share": share, f"{key}-savings": saving}
+    out: Verdicts = {}
+    s = sav.get("distill_share")
+    share_txt = f"experts {format_flops(expert)}, distillation {format_flops(distill)}"
+    if s is None:
+        out[f"{key}-share"] = (share_txt, f"{UNMEASURED}: experts' FLOPs are 0")
+    else:
+        out[f"{key}-share"] = (f"{share_txt} ({100 * s:.1f}% of experts)", HOLDS if s < 1 else f"{FAILS}: share >= 1",
+                               1 - s, True)
+    sv = sav.get("savings")
+    txt = (f"pipeline {format_flops(sav.get('pipeline_flops'))} vs joint {format_flops(sav.get('joint_flops'))} "
+           f"at target mix accuracy {format_pct(sav.get('target_accuracy'))}")
+    if sv is None:
+        out[f"{key}-savings"] = (txt, f"{UNMEASURED}: {sav.get('reason', 'savings undefined')}")
+    else:
+        more_or_less = "fewer" if sv >= 0 else "more"
+        out[f"{key}-savings"] = (f"{100 * abs(sv):.1f}% {more_or_less} total FLOPs: {txt}",
+                                 HOLDS if sv > 0 else f"{FAILS}: the pipeline costs more than joint GRPO", sv, True)
+    return out

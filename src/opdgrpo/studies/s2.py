@@ -1,0 +1,234 @@
+"""S2: the difficulty study (conf/study/s2.yaml).
+
+One selection job (:meth:`opdgrpo.plan.Planner.difficulty`, shared by every seed) cuts the domain's training
+prompts into ``student_bins x teacher_bins`` subsets by the base student's and an external teacher's solve rates;
+GRPO and OPD from the teacher then train on each subset alone. Each subset run also scores its own training prompts
+(eval set ``in_domain``); the report copies each subset's solve rates from its GRPO run's ``done.json``.
+
+* **S2-in**: on every subset, GRPO's final accuracy on the subset's own prompts > OPD's peak there.
+* **S2-heldout**: subsets ranked by the teacher's solve rate; OPD's final held-out accuracy > GRPO's on the
+  ``low_teacher_subsets`` lowest-ranked ones (3 in the paper), GRPO's >= OPD's on the rest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+
+from .base import ClaimDef, CostSheet, Study, Verdicts, into, study_student
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    from opdgrpo.plan import Planner
+    from opdgrpo.report.plots import PlotContext
+
+
+class Subset(TypedDict):
+    """One difficulty subset and its two runs; the solve rates are added by the report (:meth:`S2.attach`)."""
+
+    name: str
+    grpo: str
+    opd: str
+    student_rate: NotRequired[float]
+    teacher_rate: NotRequired[float]
+    size: NotRequired[int]
+
+
+class S2Entry(TypedDict):
+    """Report-spec entry of S2."""
+
+    title: str
+    domain: str
+    teacher_model: str
+    subsets: list[Subset]
+    low_teacher_subsets: int
+
+
+class S2(Study[S2Entry]):
+    name = "S2"
+    claims = (
+        ClaimDef(
+            "S2-in", "S2",
+            "On every difficulty subset, GRPO's final in-domain accuracy beats OPD's peak",
+            "all 8 math subsets (Qwen3-1.7B student, Qwen3-4B thinking teacher)",
+        ),
+        ClaimDef(
+            "S2-heldout", "S2",
+            "On held-out math, OPD finishes higher on the subsets the teacher solves least, GRPO on the rest",
+            "OPD higher on the 3 subsets where the teacher solved the fewest prompts, GRPO on the other 5",
+        ),
+    )
+    direction_tests = (
+        "**S2-in** - on every subset GRPO's final accuracy on the subset's own prompts > OPD's peak there. "
+        "**S2-heldout** - subsets ranked by the teacher's solve rate; OPD's final held-out accuracy > GRPO's on the "
+        "lowest-ranked ones (3 in the paper), GRPO's >= OPD's on the rest."
+    )
+    direction_tests_rank = 50
+    run_keys = frozenset({"grpo", "opd"})
+
+    def validate(self, cfg: dict[str, Any]) -> None:
+        """The selection rule must yield non-empty subsets and a sensible comparison."""
+        from opdgrpo.config import ConfigError, require, require_positive
+
+        key = f"studies.{self.name}"
+        for k in ("k", "student_bins", "teacher_bins", "batch_size"):
+            require_positive(cfg, f"{key}.{k}", int)
+        s2 = cfg["studies"][self.name]
+        n = s2["student_bins"] * s2["teacher_bins"]
+        if require(cfg, f"{key}.pool_size", (int, type(None))) is not None and s2["pool_size"] < n:
+            raise ConfigError(f"config key `{key}.pool_size` ({s2['pool_size']}) must be at least student_bins x "
+                              f"teacher_bins ({n})")
+        low = require(cfg, f"{key}.low_teacher_subsets", int)
+        if not 0 <= low <= n:
+            raise ConfigError(f"config key `{key}.low_teacher_subsets` must be in [0, {n}] (the number of subsets), "
+                              f"got {low}")
+
+    def plan(self, planner: Planner, s: Mapping[str, Any], seed: int) -> S2Entry:
+        """The selection job, then a GRPO and an OPD run on each subset."""
+        from opdgrpo.subsets import subset_names
+
+        d, t, st = s["domain"], s["teacher"], study_student(s)
+        selection = planner.difficulty(s)
+        if self.name not in selection.studies:
+            selection.studies.append(self.name)
+        evals = {"eval_every": s.get("eval_every")}
+        subsets = []
+        for name in subset_names(int(s["student_bins"]), int(s["teacher_bins"])):
+            sub = (selection, {"domain": d, "subset": name, "eval_size": s.get("in_domain_eval_size")})
+            grpo = planner.run(f"grpo-{st}-{d}_{name}-s{seed}", self.name, "grpo", [d], seed, f"base:{st}",
+                               method_overrides={"steps": s.get("grpo_steps")}, label=f"GRPO {name}",
+                               train_overrides=evals, subset=sub)
+            opd = planner.run(f"opd-{t}-{into(st)}{d}_{name}-s{seed}", self.name, "opd", [d], seed, f"base:{st}",
+                              {d: f"base:{t}"}, {"steps": s.get("opd_steps")}, label=f"OPD {t} {name}",
+                              train_overrides=evals, subset=sub)
+            subsets.append(Subset(name=name, grpo=grpo.id, opd=opd.id))
+        return S2Entry(title=s["title"], domain=d, teacher_model=t, subsets=subsets,
+                       low_teacher_subsets=int(s.get("low_teacher_subsets", 3)))
+
+    def cost_rows(self, entry: S2Entry, sheet: CostSheet) -> None:
+        """Totals over the subsets, per method."""
+        grpo, opd = [x["grpo"] for x in entry["subsets"]], [x["opd"] for x in entry["subsets"]]
+        sheet.add(f"GRPO, {len(grpo)} subsets", grpo)
+        sheet.add(f"OPD {entry['teacher_model']}, {len(opd)} subsets", opd)
+
+    def attach(self, entry: S2Entry, runs_dir: Path) -> None:
+        """Copy each subset's solve rates from its GRPO run's ``done.json`` into the entry (they rank the subsets;
+        the report reads run directories only)."""
+        from opdgrpo.report.curves import ReportInputError
+
+        for sub in entry.get("subsets", []):
+            done = Path(runs_dir) / sub["grpo"] / "done.json"
+            if not done.is_file():
+                raise ReportInputError(f"{done}: not found ({self.name} subset {sub['name']})")
+            info = json.loads(done.read_text(encoding="utf-8")).get("train_subset")
+            if not info:
+                raise ReportInputError(f"{done}: no 'train_subset' ({self.name} subset {sub['name']}); rerun the run")
+            sub.update({k: info[k] for k in ("student_rate", "teacher_rate", "size") if k in info})  # type: ignore[typeddict-item]
+
+    def figures(self, entry: S2Entry, ctx: PlotContext) -> dict[str, Figure]:
+        """One panel per subset (ranked by the teacher's solve rate): GRPO and OPD on the subset's own prompts
+        (solid, in-domain) and on held-out math (dotted); and the same panels for response length."""
+        from opdgrpo.report.plots import STEP0_CAPTION, Panel, render
+        from opdgrpo.runio import IN_DOMAIN_SET
+
+        key, domain = self.name, entry["domain"]
+        acc_panels, len_panels = [], []
+        subsets = sorted(entry.get("subsets", []), key=lambda sub: (float(sub.get("teacher_rate", 0.0)), sub["name"]))
+        for sub in subsets:
+            rates = ""
+            if "teacher_rate" in sub:
+                rates = f" (solve rate: student {100 * sub['student_rate']:.0f}%, teacher {100 * sub['teacher_rate']:.0f}%)"
+            acc = Panel(title=f"{sub['name']}{rates}", ylabel="accuracy (%)")
+            length = Panel(title=f"{sub['name']}{rates}", ylabel="mean response length (tokens)")
+            for method, run in (("GRPO", sub["grpo"]), ("OPD", sub["opd"])):
+                acc.lines.append(ctx.line(run, IN_DOMAIN_SET, f"{method}, in-domain", color_key=method))
+                acc.lines.append(ctx.line(run, domain, f"{method}, held-out {domain}", linestyle=":", marker="s",
+                                          color_key=method))
+                length.lines.append(ctx.line(run, domain, f"{method}, held-out {domain}", "mean_response_length",
+                                             color_key=method))
+            acc_panels.append(acc)
+            len_panels.append(length)
+        caption = (STEP0_CAPTION + " Panels are ordered by the teacher's solve rate on the subset, lowest first; "
+                   "in-domain = the subset's own training prompts.")
+        return {f"{key}_accuracy": render(acc_panels, f"{key}: {entry.get('title', key)}", caption),
+                f"{key}_length": render(len_panels, f"{key}: mean response length - {entry.get('title', key)}", caption)}
+
+    def evaluate(self, entry: S2Entry, curves: pd.DataFrame,
+                 savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
+        """Per subset, GRPO's final in-domain accuracy vs OPD's in-domain peak; then who finishes higher on held-out.
+
+        Subsets are ranked by the teacher's solve rate (``teacher_rate``, from the runs' ``done.json``); the
+        ``low_teacher_subsets`` lowest are where the paper has OPD finishing higher on held-out math.
+        """
+        from opdgrpo.report.curves import ReportInputError
+
+        domain, subsets = entry["domain"], list(entry.get("subsets", []))
+        if not subsets:
+            return {}
+        if any("teacher_rate" not in sub for sub in subsets):
+            raise ReportInputError("S2: subsets lack the teacher's solve rate (the runs' done.json has no train_subset)")
+        out: Verdicts = {"S2-in": _in_domain_verdict(subsets, curves)}
+        out["S2-heldout"] = _heldout_verdict(domain, subsets, int(entry.get("low_teacher_subsets", 3)), curves)
+        return out
+
+
+def _in_domain_curve(curves: pd.DataFrame, run: str) -> pd.DataFrame:
+    """A subset run's accuracy on its own training prompts, by step."""
+    from opdgrpo.report.curves import ReportInputError, run_curve
+    from opdgrpo.runio import IN_DOMAIN_SET
+
+    rows = run_curve(curves, run)
+    rows = rows[rows["eval_set"] == IN_DOMAIN_SET].sort_values("step", kind="stable")
+    if rows.empty:
+        raise ReportInputError(f"run '{run}' has no in-domain evaluation (eval set '{IN_DOMAIN_SET}')")
+    return rows
+
+
+def _in_domain_verdict(subsets: list[Subset], curves: pd.DataFrame) -> tuple:
+    """S2-in: GRPO's final in-domain accuracy above OPD's in-domain peak on every subset."""
+    from opdgrpo.report.curves import format_pct
+    from opdgrpo.report.uncertainty import FAILS, HOLDS
+
+    in_parts, in_fail, in_margins = [], [], []
+    for sub in subsets:
+        g_final = float(_in_domain_curve(curves, sub["grpo"])["accuracy"].iloc[-1])
+        o_peak = float(_in_domain_curve(curves, sub["opd"])["accuracy"].max())
+        in_margins.append(g_final - o_peak)
+        in_parts.append(f"{sub['name']} {format_pct(g_final)} vs {format_pct(o_peak)}")
+        if not g_final > o_peak:
+            in_fail.append(sub["name"])
+    n = len(subsets)
+    return (f"GRPO final vs OPD peak, in-domain: {'; '.join(in_parts)} (GRPO higher on {n - len(in_fail)}/{n})",
+            HOLDS if not in_fail else f"{FAILS}: OPD's peak is at least GRPO's final on {', '.join(in_fail)}",
+            min(in_margins), True)
+
+
+def _heldout_verdict(domain: str, subsets: list[Subset], n_low: int, curves: pd.DataFrame) -> tuple:
+    """S2-heldout: OPD finishes higher on held-out on the ``n_low`` subsets the teacher solves least, GRPO on the rest."""
+    from opdgrpo.report.curves import domain_curve, format_pct
+    from opdgrpo.report.uncertainty import FAILS, HOLDS
+
+    n = len(subsets)
+    ranked = sorted(subsets, key=lambda sub: (float(sub["teacher_rate"]), sub["name"]))
+    low = {sub["name"] for sub in ranked[:n_low]}
+    parts, mismatched, margins = [], [], []
+    for sub in ranked:
+        g = float(domain_curve(curves, sub["grpo"], domain)["accuracy"].iloc[-1])
+        o = float(domain_curve(curves, sub["opd"], domain)["accuracy"].iloc[-1])
+        winner = "OPD" if o > g else "GRPO"
+        expected = "OPD" if sub["name"] in low else "GRPO"
+        margins.append(o - g if expected == "OPD" else g - o)
+        parts.append(f"{sub['name']} (teacher {100 * float(sub['teacher_rate']):.0f}%): {winner} "
+                     f"{format_pct(max(o, g))} vs {format_pct(min(o, g))}")
+        if winner != expected:
+            mismatched.append(sub["name"])
+    ours = (f"ranked by teacher solve rate: {'; '.join(parts)}; pattern (OPD on the {n_low} lowest, GRPO on the rest) "
+            f"matched on {n - len(mismatched)}/{n}")
+    return ours, HOLDS if not mismatched else f"{FAILS}: not matched on {', '.join(mismatched)}", min(margins), True
+
+
+STUDY = S2()

@@ -1,0 +1,33 @@
+"""S4: two-domain consolidation (conf/study/s4.yaml): GRPO experts on math and code, multi-teacher OPD of the
+experts, against joint GRPO on the instance mix. Claims and savings: :mod:`opdgrpo.studies.consolidation`."""
+
+from __future__ import annotations
+
+from .base import ClaimDef
+from .consolidation import ConsolidationStudy, PaperSavings
+
+
+class S4(ConsolidationStudy):
+    name = "S4"
+    paper = PaperSavings(savings=0.420, distill_share=0.052, expert_eflop=10.7, distill_eflop=0.55)
+    claims = (
+        ClaimDef(
+            "S4-share", "S4",
+            "Distilling two domain experts into one student costs a small fraction of training them",
+            "experts 10.7 EFLOP, distillation 0.55 EFLOP (5.2% of the experts' cost)",
+        ),
+        ClaimDef(
+            "S4-savings", "S4",
+            "Experts + multi-teacher OPD match joint GRPO on the math+code mix with fewer total FLOPs",
+            "42.0% fewer total FLOPs than joint GRPO (about 11.25 vs 19.4 EFLOP)",
+        ),
+    )
+    direction_tests = (
+        "**S4** - savings = 1 - (experts' final FLOPs + distillation FLOPs to joint GRPO's best mix accuracy) / joint "
+        "GRPO's FLOPs to that accuracy > 0 (S4-savings); distillation FLOPs / experts' FLOPs < 1 (S4-share). Accuracy "
+        "of a domain = mean of its held-out sets."
+    )
+    direction_tests_rank = 40
+
+
+STUDY = S4()
