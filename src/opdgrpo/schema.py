@@ -76,8 +76,11 @@ def _echo(error: jsonschema.ValidationError) -> bool:
 
 
 def _dotted(where: str, path: Iterable[Any]) -> str:
-    parts = [where] if where else []
-    return ".".join(parts + [str(p) for p in path])
+    """``train.eval.k``; list items as ``seeds[1]``."""
+    out = where
+    for part in path:
+        out = f"{out}[{part}]" if isinstance(part, int) else (f"{out}.{part}" if out else str(part))
+    return out
 
 
 def message(error: jsonschema.ValidationError, where: str = "", fix: str = "fix it in conf/ or pass `{key}=...`") -> str:
@@ -97,7 +100,11 @@ def message(error: jsonschema.ValidationError, where: str = "", fix: str = "fix 
         close = difflib.get_close_matches(extra[0], known, n=3) if extra else []
         return (f"unknown config key {names}: nothing reads it" + (f"; did you mean {close}?" if close else "")
                 + (f" (known keys: {known})" if not close and known else ""))
+    bounds = error.schema if isinstance(error.schema, dict) else {}
+    if kind in ("minimum", "maximum") and "minimum" in bounds and "maximum" in bounds:
+        kind, error.validator_value = "range", (bounds["minimum"], bounds["maximum"])
     what = {
+        "range": lambda: f"in [{error.validator_value[0]}, {error.validator_value[1]}]",
         "enum": lambda: f"one of {error.validator_value}",
         "const": lambda: f"{error.validator_value!r}",
         "type": lambda: _types(error.validator_value),
@@ -147,6 +154,14 @@ def _subschema(schema: dict[str, Any], prop: str) -> dict[str, Any]:
         if isinstance(sub, dict):
             return sub
     return {}
+
+
+def known_keys(name: str, *path: str) -> tuple[str, ...]:
+    """The keys the mapping at ``path`` in schema ``name`` (or a reference, as for :func:`allowed`) may have."""
+    node = _registry().resolver().lookup(name).contents if "#" in name else load(name)
+    for part in path:
+        node = _subschema(node, part)
+    return tuple(sorted(_known_properties(node)))
 
 
 @functools.lru_cache(maxsize=None)

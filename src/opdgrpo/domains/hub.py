@@ -18,9 +18,11 @@ from __future__ import annotations
 import random
 from typing import Any, Mapping, Sequence
 
+from .. import schema
 from .base import Task
 
-SOURCE_KEYS = ("path", "name", "split", "revision", "data_files")
+#: What a ``source`` block may hold (its schema: src/opdgrpo/schemas/domain.schema.yaml).
+SOURCE_KEYS = schema.known_keys("domain.schema.yaml#/$defs/data", "source")
 
 
 def load_rows(source: Mapping[str, Any], where: str):

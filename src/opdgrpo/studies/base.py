@@ -91,6 +91,9 @@ class Study(Generic[Entry]):
     direction_tests_rank: ClassVar[int] = 1000
     #: Keys of its report-spec entry (at any depth) whose values are run ids: the report checks they are planned.
     run_keys: ClassVar[frozenset[str]] = frozenset()
+    #: A JSON Schema of its conf block beyond the keys every study shares (src/opdgrpo/schemas/study.schema.yaml);
+    #: config validation checks it, errors naming ``studies.<name>.<key>``. Rules across keys go in :meth:`validate`.
+    schema: ClassVar[dict[str, Any] | None] = None
 
     # -- conf and plan --------------------------------------------------------------------------------------------
     def validate(self, cfg: dict[str, Any]) -> None:

@@ -69,21 +69,38 @@ class S2(Study[S2Entry]):
     )
     direction_tests_rank = 50
     run_keys = frozenset({"grpo", "opd"})
+    schema = {
+        "type": "object",
+        "required": ["domain", "teacher", "k", "temperature", "student_bins", "teacher_bins", "batch_size",
+                     "pool_size", "low_teacher_subsets"],
+        "properties": {
+            "k": {"type": "integer", "minimum": 1, "description": "samples per prompt for a solve rate"},
+            "temperature": {"type": "number", "minimum": 0},
+            "student_bins": {"type": "integer", "minimum": 1},
+            "teacher_bins": {"type": "integer", "minimum": 1},
+            "batch_size": {"type": "integer", "minimum": 1},
+            "pool_size": {"type": ["integer", "null"], "minimum": 1, "description": "prompts rated; null: the whole pool"},
+            "low_teacher_subsets": {"type": "integer", "minimum": 0,
+                                    "description": "how many subsets (lowest teacher solve rate first) OPD should win"},
+            "grpo_steps": {"type": ["integer", "null"], "minimum": 1},
+            "opd_steps": {"type": ["integer", "null"], "minimum": 1},
+            "eval_every": {"type": ["integer", "null"], "minimum": 1},
+            "in_domain_eval_size": {"type": ["integer", "null"], "minimum": 1},
+        },
+    }
 
     def validate(self, cfg: dict[str, Any]) -> None:
-        """The selection rule must yield non-empty subsets and a sensible comparison."""
-        from opdgrpo.config import ConfigError, require, require_positive
+        """The selection rule must yield non-empty subsets and a sensible comparison (the schema checked each key)."""
+        from opdgrpo.config import ConfigError
 
         key = f"studies.{self.name}"
-        for k in ("k", "student_bins", "teacher_bins", "batch_size"):
-            require_positive(cfg, f"{key}.{k}", int)
         s2 = cfg["studies"][self.name]
         n = s2["student_bins"] * s2["teacher_bins"]
-        if require(cfg, f"{key}.pool_size", (int, type(None))) is not None and s2["pool_size"] < n:
+        if s2["pool_size"] is not None and s2["pool_size"] < n:
             raise ConfigError(f"config key `{key}.pool_size` ({s2['pool_size']}) must be at least student_bins x "
                               f"teacher_bins ({n})")
-        low = require(cfg, f"{key}.low_teacher_subsets", int)
-        if not 0 <= low <= n:
+        low = s2["low_teacher_subsets"]
+        if low > n:
             raise ConfigError(f"config key `{key}.low_teacher_subsets` must be in [0, {n}] (the number of subsets), "
                               f"got {low}")
 
