@@ -24,7 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
 
-from . import flops as F
+from . import flops as flop_formulas
 from .config import ConfigError
 from .studies import REGISTRY
 
@@ -165,8 +165,8 @@ def decode_flops(config: Any, rows: float, prompt_block: float, generated: float
     steps = max(0.0, generated - 1.0)
     if steps == 0 or rows == 0:
         return 0.0
-    base = F.decode_step_flops(config, rows, prompt_block)
-    slope = F.decode_step_flops(config, rows, prompt_block + 1) - base
+    base = flop_formulas.decode_step_flops(config, rows, prompt_block)
+    slope = flop_formulas.decode_step_flops(config, rows, prompt_block + 1) - base
     return steps * base + slope * steps * (steps + 1) / 2
 
 
@@ -185,12 +185,12 @@ def step_flops(student: Any, rows: Mapping[str, int], lengths: Mapping[str, Leng
     batch = sum(live.values())
     prompt_block = max(lengths[d].padded_prompt for d in live)
     decode = max(lengths[d].padded_response for d in live)
-    rollout = F.prefill_flops(student, batch, prompt_block)
+    rollout = flop_formulas.prefill_flops(student, batch, prompt_block)
     for d, n in live.items():
         rollout += decode_flops(student, n, prompt_block, min(generated_tokens(lengths[d], max_new_tokens), decode))
     seq, logits = prompt_block + decode, decode + 1
-    train = F.train_flops(student, batch, seq, logits_positions=logits)
-    teacher = sum(F.forward_flops(teachers[d], n, seq, logits_positions=logits) for d, n in live.items()) if teachers else 0.0
+    train = flop_formulas.train_flops(student, batch, seq, logits_positions=logits)
+    teacher = sum(flop_formulas.forward_flops(teachers[d], n, seq, logits_positions=logits) for d, n in live.items()) if teachers else 0.0
     return {"rollout": rollout, "train": train, "teacher": float(teacher)}
 
 

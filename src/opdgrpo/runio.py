@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import yaml
 
@@ -60,23 +61,39 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSON-lines file; a truncated last line (a killed writer) is dropped."""
+def iter_jsonl(path: Path, *, missing_ok: bool = False,
+               warning: type[Warning] = UserWarning) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` of a JSON-lines file, the one reader of run files (ledgers, evaluations).
+
+    A line that is not a JSON object raises ``ValueError`` naming ``path:line``, except the last non-blank line, which
+    a writer killed mid-append leaves truncated: it is skipped with a ``warning``. A missing file is an empty one
+    with ``missing_ok``, else ``FileNotFoundError``.
+    """
     path = Path(path)
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
-    records = []
-    for number, line in enumerate(lines, 1):
+    if not path.is_file():
+        if missing_ok:
+            return
+        raise FileNotFoundError(f"{path}: file not found")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError as err:
-            if number == len(lines):
-                break
-            raise ValueError(f"{path}:{number}: not a JSON record ({err})") from err
-    return records
+            if i == last:
+                warnings.warn(f"{path}:{i + 1}: skipping truncated last line ({err.msg})", warning, stacklevel=3)
+                continue
+            raise ValueError(f"{path}:{i + 1}: malformed JSON ({err.msg})") from err
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{i + 1}: expected a JSON object, got {type(record).__name__}")
+        yield i + 1, record
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a run's JSON-lines file ([] when it does not exist yet; see :func:`iter_jsonl`)."""
+    return [record for _, record in iter_jsonl(path, missing_ok=True)]
 
 
 def rewrite_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from opdgrpo.runio import IN_DOMAIN_SET
+from opdgrpo.runio import IN_DOMAIN_SET, iter_jsonl
 
 #: The contracted column order of ``curves.csv`` (DESIGN.md, "Files a run leaves").
 CURVE_COLUMNS: list[str] = [
@@ -55,33 +55,13 @@ class ReportWarning(UserWarning):
 
 # ----------------------------------------------------------------------------------------------------------- reading
 def read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """Parse a JSON-lines file into ``(line_number, object)`` pairs.
-
-    A line that is not a JSON object raises :class:`ReportInputError` naming ``path:line`` -- except the last
-    non-blank line, which a writer killed mid-append leaves truncated; that one is skipped with a
-    :class:`ReportWarning` so an otherwise complete run still reports.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ReportInputError(f"{path}: file not found")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-    records: list[tuple[int, dict[str, Any]]] = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        lineno = i + 1
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if i == last:
-                warnings.warn(f"{path}:{lineno}: skipping truncated last line ({exc.msg})", ReportWarning, stacklevel=2)
-                continue
-            raise ReportInputError(f"{path}:{lineno}: malformed JSON ({exc.msg})") from exc
-        if not isinstance(obj, dict):
-            raise ReportInputError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-        records.append((lineno, obj))
-    return records
+    """``(line_number, object)`` pairs of a run file (:func:`opdgrpo.runio.iter_jsonl`), its defects as
+    :class:`ReportInputError` naming ``path:line``; a truncated last line is skipped with a :class:`ReportWarning`
+    so an otherwise complete run still reports."""
+    try:
+        return list(iter_jsonl(Path(path), warning=ReportWarning))
+    except (OSError, ValueError) as err:
+        raise ReportInputError(str(err)) from err
 
 
 def _number(value: Any, where: str, key: str, *, lo: float | None = None, hi: float | None = None) -> float:
