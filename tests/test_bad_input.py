@@ -8,7 +8,7 @@ Cases covered elsewhere and not repeated here:
   - evals.jsonl missing `accuracy` (the report's curves input): tests/test_report.py::test_missing_key_names_key_and_line
   - a malformed or truncated evals.jsonl line: tests/test_report.py::test_malformed_middle_line_names_file_and_line,
     test_truncated_last_line_is_skipped_with_warning
-  - domain blocks of the new domains: tests/test_new_domains.py::test_*_config_errors_name_the_key
+  - domain blocks of instruction following and knowledge: tests/test_domains_ifeval_knowledge.py::test_*_config_errors_name_the_key
 """
 
 from __future__ import annotations
