@@ -16,7 +16,7 @@ from opdgrpo.config import compose
 from opdgrpo.guards import RunLocked, run_dir_lock
 from opdgrpo.plan import build_plan
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile")]
 
 
