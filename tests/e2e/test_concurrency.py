@@ -17,7 +17,7 @@ from opdgrpo.guards import RunLocked, run_dir_lock
 from opdgrpo.plan import build_plan
 
 REPO = Path(__file__).resolve().parents[2]
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile")]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 
 
 def _wait_for(predicate, timeout: float, what: str) -> None:

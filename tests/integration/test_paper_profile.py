@@ -1,6 +1,6 @@
 """The paper profile's code path, offline: hub tokenizer and models through from_pretrained, chat template, hub data
 sets, real verifiers, trained end to end on tiny Qwen3 models saved in Hugging Face format and on the fixtures with
-the hub's schemas. (Its plan: tests/unit/test_config_plan.py; its DAG in Snakemake: tests/e2e/test_snakemake_dry_runs.py.)"""
+the hub's schemas. (Its plan: tests/unit/test_config_plan.py; its DAG in Snakemake: tests/e2e/test_snakemake_cli.py.)"""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ Cases covered elsewhere and not repeated here:
   - a malformed or truncated evals.jsonl line: tests/integration/test_report.py::test_malformed_middle_line_names_file_and_line,
     test_truncated_last_line_is_skipped_with_warning
   - domain blocks of instruction following and knowledge: tests/unit/test_domains_ifeval_knowledge.py::test_*_config_errors_name_the_key
-  - the same refusals through Snakemake, before it schedules anything: tests/e2e/test_snakemake_dry_runs.py
+  - the same refusals through Snakemake, before it schedules anything: tests/e2e/test_snakemake_cli.py
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Snakemake dry runs of the repository's workflow: bad input is refused before anything is scheduled, and the paper
-profile's whole DAG plans offline with each job's resources."""
+"""Snakemake on the repository's workflow, briefly: plain `snakemake` from the root finds the Snakefile and the default
+workflow profile; bad input is refused before anything is scheduled; the paper profile's whole DAG plans offline with
+each job's resources."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile")]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 
 
 @pytest.mark.parametrize("override,message", [
@@ -36,3 +37,17 @@ def test_snakemake_dry_run_lists_the_paper_dag_with_resources(tmp_path):
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", text, flags=re.M))
     assert int(counts["opd"]) > 10 and int(counts["grpo"]) > 10 and int(counts["pretrain"]) == 7, counts
     assert re.search(r"gpu=8", text) and re.search(r"runtime=2880", text)   # training jobs: one 8-GPU node
+
+
+def test_plain_snakemake_from_the_root_finds_the_snakefile_and_the_default_profile(tmp_path):
+    """No --snakefile, no --cores, no --workflow-profile, as the README runs it: the root Snakefile, and the local
+    profile workflow/profiles/default, found as profiles/default through the link profiles -> workflow/profiles (it
+    gives the cores: without it Snakemake refuses to run). One real job, the tokenizer, in a temp directory."""
+    assert (REPO / "profiles" / "default").resolve() == (REPO / "workflow" / "profiles" / "default").resolve()
+    target = "results/smoke/base/tokenizer/done.json"
+    out = subprocess.run([sys.executable, "-m", "snakemake", "--directory", str(tmp_path), target, "--config", "profile=smoke"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "Using workflow specific profile profiles/default" in text
+    assert (tmp_path / target).is_file()
