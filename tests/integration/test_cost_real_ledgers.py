@@ -11,6 +11,7 @@ from opdgrpo import cost
 from opdgrpo.runio import read_jsonl
 from opdgrpo.train import train
 
+
 @pytest.mark.parametrize("run_id", ["grpo-student-math-s0", "opd-teacher_m-math-s0"])
 def test_prediction_matches_a_real_ledger(smoke_world, tmp_path, run_id):
     """Train a smoke run, measure its mean lengths from its ledger, and predict its cumulative FLOPs from them.

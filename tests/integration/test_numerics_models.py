@@ -140,9 +140,11 @@ def test_a_training_run_gives_the_same_numbers_with_fast_paths_off(smoke_world, 
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv(numerics.ENV, mode)
             out[mode] = train(copy.deepcopy(cfg), tmp_path / mode)
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k not in ("wall_s", "achieved_flops_per_s")} for r in rows]
+
     for name in ("ledger.jsonl", "evals.jsonl"):
         a, b = (read_jsonl(tmp_path / mode / name) for mode in ("auto", "off"))
-        strip = lambda rows: [{k: v for k, v in r.items() if k not in ("wall_s", "achieved_flops_per_s")} for r in rows]
         assert strip(a) == strip(b), name
     assert out["auto"]["final_eval"] == out["off"]["final_eval"]
     auto = json.loads((Path(tmp_path) / "auto" / "done.json").read_text())["numerics"]

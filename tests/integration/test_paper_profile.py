@@ -110,8 +110,8 @@ PAPER_DOMAINS = ("math", "code", "ifeval", "knowledge")
 
 
 def test_paper_code_path_trains_end_to_end(tiny_hub_models, tmp_path):
-    from opdgrpo.train import train
     from opdgrpo.tokenizer import load_tokenizer
+    from opdgrpo.train import train
 
     cfg = _tiny_paper_config(tmp_path / "results", tiny_hub_models, PAPER_DOMAINS)
     plan = build_plan(cfg)

@@ -228,7 +228,8 @@ def test_student_with_another_tokenizer_than_the_run(world, finished_run, tmp_pa
     shutil.copytree(cfg["student"]["path"], student)
     _swap_two_tokens(student)
     cfg["student"]["path"] = str(student)
-    _fails_untouched(cfg, finished_run, ValueError, r"student at .* was built with another tokenizer than the run's .*token 'a' has id \d+ in the student's and \d+ in the run's")
+    _fails_untouched(cfg, finished_run, ValueError,
+                     r"student at .* was built with another tokenizer than the run's .*token 'a' has id \d+ in the student's and \d+ in the run's")
 
 
 def test_model_embedding_smaller_than_the_tokenizer(world, finished_run, tmp_path):

@@ -17,6 +17,7 @@ from opdgrpo.verifiers.code import (
     outputs_match,
 )
 
+
 def test_compressed_tests_never_unpickle_code():
     evil = base64.b64encode(zlib.compress(pickle.dumps(print))).decode()  # a pickled global, not a string
     with pytest.raises(ValueError, match="refusing"):

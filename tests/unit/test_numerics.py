@@ -5,7 +5,6 @@ refused. (Whole models, training runs and the fingerprint in another process: te
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
