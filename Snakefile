@@ -25,6 +25,6 @@ include: "workflow/rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         REPORT_OUTPUTS,
-    default_target: True
