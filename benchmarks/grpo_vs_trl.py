@@ -68,10 +68,10 @@ def main() -> None:
     method = cfg["method"]
 
     # The prompts our trainer draws in a block's steps, in order: TRL walks the same list without shuffling.
+    from opdgrpo.batching import batch_tasks, domain_counts
     from opdgrpo.domains import build_domain
     from opdgrpo.models import load_model
     from opdgrpo.tokenizer import load_tokenizer
-    from opdgrpo.batching import batch_tasks, domain_counts
 
     domain = build_domain(cfg["domains"]["math"])
     pools = {"math": domain.training_pool()}

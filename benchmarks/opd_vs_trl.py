@@ -73,10 +73,10 @@ def main() -> None:
         "domains.math.heldout.amc.size": 4, "domains.math.heldout.aime.size": 4})
     method = cfg["method"]
 
+    from opdgrpo.batching import batch_tasks, domain_counts
     from opdgrpo.domains import build_domain
     from opdgrpo.models import load_model
     from opdgrpo.tokenizer import load_tokenizer
-    from opdgrpo.batching import batch_tasks, domain_counts
 
     domain = build_domain(cfg["domains"]["math"])
     pools = {"math": domain.training_pool()}

@@ -1,4 +1,5 @@
-"""Shared fixtures: a smoke-scale world (tokenizer and base models) built once per test session."""
+"""Shared fixtures: a smoke-scale world (tokenizer and base models) built once per test session; and each test's tier
+marker, from its folder: tests/unit -> `unit`, tests/integration -> `integration`, tests/e2e -> `e2e` (README, Tests)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,19 @@ from opdgrpo.config import compose
 from opdgrpo.plan import build_plan
 
 REPO = Path(__file__).resolve().parents[1]
+TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with its tier, the first folder under tests/ (so `-m unit`, `-m "not e2e"` select by tier)."""
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            tier = item.path.resolve().relative_to(tests).parts[0]
+        except ValueError:
+            continue
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(scope="session")

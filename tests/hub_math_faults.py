@@ -1,4 +1,4 @@
-"""Worker faults for tests/test_hub_math.py: a replacement math check that hangs or kills its process.
+"""Worker faults for tests/integration/test_hub_math_fixtures.py: a replacement math check that hangs or kills its process.
 
 It lives in its own small module because MathVerifier's workers import a replacement check by name.
 """

@@ -38,8 +38,8 @@ def cmd_plan(args) -> int:
 
 
 def cmd_tokenizer(args) -> int:
-    from .tokenizer import build_tokenizer, save_tokenizer
     from .runio import write_json
+    from .tokenizer import build_tokenizer, save_tokenizer
 
     cfg = _job_config(args)
     if cfg["tokenizer"].get("source") == "hub":   # paper scale: the students' own tokenizer

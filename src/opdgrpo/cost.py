@@ -217,9 +217,7 @@ class RunEstimate:
 
 def _pool_sizes(domains: Mapping[str, Any], names: Sequence[str], cache: dict[str, int]) -> dict[str, int]:
     """Training-pool sizes (only the ``instance`` mix needs them); built once per domain config."""
-    from .domains import build_domain
-
-    from .domains import KINDS
+    from .domains import KINDS, build_domain
 
     sizes = {}
     for d in names:

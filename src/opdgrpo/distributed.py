@@ -23,6 +23,7 @@ import torch
 
 from . import schema
 
+
 class Workers:
     """The processes of one run: rank, world size, device, and the collectives the trainer uses."""
 

@@ -9,7 +9,7 @@ without changing a single bit of the output:
   on the same rounded operands, with the GQA head groups folded into the rows of one multiply instead of repeating
   the keys and values per head. Under autocast, casting the operands first is what autocast does to a ``matmul``'s
   inputs anyway. Only under bfloat16 autocast, the precision every profile runs: there the folded multiply gave the
-  same bits on every shape tried (``tests/test_inference.py``), while in float32 the one-row multiply of a decode
+  same bits on every shape tried (``tests/integration/test_inference.py``), while in float32 the one-row multiply of a decode
   step takes another kernel than the folded one and the last bits differ. With gradients enabled, or in float32, it
   *is* the eager function (the backward of a folded multiply would also sum the head groups' key gradients in
   another order), so training is untouched.
@@ -20,7 +20,7 @@ A preallocated (static) buffer was measured too and lost: CPU ``bmm`` copies a s
 contiguous tensor on every read, which costs more than the concatenation it saves.
 
 Both keep the FLOPs the ledger counts: the same multiplies, over the same rows and positions. The tests hold them
-bit for bit to the eager path (``tests/test_inference.py``, ``tests/test_speed_pins.py``).
+bit for bit to the eager path (``tests/integration/test_inference.py``, ``tests/integration/test_speed_pins.py``).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ class LeanQwen3:
     module call machinery), :func:`eager_attention_no_grad`, and ``F.linear`` on the same weights, in the model's
     order; keys and values are cached in bfloat16 as :func:`sampling_cache` keeps them, and the additive float32
     mask is the one ``eager_mask`` builds. The logits are bit for bit those of the model's own forward
-    (``tests/test_inference.py``). Weights are cast to bfloat16 once per instance (autocast casts the weights of a
+    (``tests/integration/test_inference.py``). Weights are cast to bfloat16 once per instance (autocast casts the weights of a
     model that needs no gradient, such as a teacher, on every call).
 
     Only for what it reproduces (:meth:`supports`): Qwen3 with full attention, default RoPE, SiLU, eager

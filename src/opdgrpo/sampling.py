@@ -96,7 +96,7 @@ def sample(
     if not stop_ids:
         raise ValueError("need at least one stop token id (eos_token_id)")
     stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
-    batch, prompt_len = len(prompts), max(len(p) for p in prompts)
+    prompt_len = max(len(p) for p in prompts)
 
     # Left padding, built as one list: one tensor per row cost a call per prompt.
     input_ids = torch.tensor([[pad_token_id] * (prompt_len - len(p)) + list(p) for p in prompts], dtype=torch.long, device=device)

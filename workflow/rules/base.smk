@@ -4,13 +4,13 @@
 rule tokenizer:
     output:
         f"{ROOT}/base/tokenizer/done.json",
+    log:
+        f"{LOGS}/tokenizer.log",
+    resources:
+        **job_resources("base"),
     params:
         cfg=lambda w: job_config("tokenizer"),
         out=f"{ROOT}/base/tokenizer",
-    resources:
-        **job_resources("base"),
-    log:
-        f"{LOGS}/tokenizer.log",
     shell:
         "{OPDGRPO} tokenizer --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"
 
@@ -20,16 +20,16 @@ rule pretrain:
         lambda w: upstream_done(f"base-{w.model}"),
     output:
         f"{ROOT}/base/{{model}}/done.json",
+    log:
+        f"{LOGS}/base-{{model}}.log",
     wildcard_constraints:
         model=id_pattern([j.label for j in PLAN.by_kind("base")]),
+    priority: lambda w: PRIORITY[f"base-{w.model}"]
+    threads: THREADS
+    resources:
+        **job_resources("base"),
     params:
         cfg=lambda w: job_config(f"base-{w.model}"),
         out=lambda w: PLAN.jobs[f"base-{w.model}"].out_dir,
-    threads: THREADS
-    priority: lambda w: PRIORITY[f"base-{w.model}"]
-    resources:
-        **job_resources("base"),
-    log:
-        f"{LOGS}/base-{{model}}.log",
     shell:
         "{OPDGRPO} pretrain --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"

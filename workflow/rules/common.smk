@@ -7,9 +7,7 @@ import sys
 
 def job_ids(kind, method=None):
     return [
-        j.id
-        for j in PLAN.jobs.values()
-        if j.kind == kind and (method is None or j.config["method"]["name"] == method)
+        j.id for j in PLAN.jobs.values() if j.kind == kind and (method is None or j.config["method"]["name"] == method)
     ]
 
 
@@ -25,7 +23,6 @@ def job_config(job_id):
 
 def upstream_done(job_id):
     return [PLAN.jobs[u].done for u in PLAN.jobs[job_id].upstream]
-
 
 
 LOGS = f"{ROOT}/logs"
@@ -63,9 +60,15 @@ def processes_per_run():
 # A training run with several processes starts them with torchrun inside its allocation (one node, a free port
 # per job); they share the run through torch.distributed (opdgrpo.distributed). `--config launch_cmd=...` replaces it.
 TRAIN_PROCS = processes_per_run()
-TRAIN_CMD = OPDGRPO if TRAIN_PROCS == 1 else config.get(
-    "launch_cmd", f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nnodes 1 "
-    f"--nproc_per_node {TRAIN_PROCS} -m opdgrpo.cli")
+TRAIN_CMD = (
+    OPDGRPO
+    if TRAIN_PROCS == 1
+    else config.get(
+        "launch_cmd",
+        f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nnodes 1 "
+        f"--nproc_per_node {TRAIN_PROCS} -m opdgrpo.cli",
+    )
+)
 
 
 # Jobs that only copy files run where Snakemake runs, never as cluster jobs.

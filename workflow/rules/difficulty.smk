@@ -6,16 +6,16 @@ rule difficulty:
         lambda w: upstream_done(w.job),
     output:
         f"{ROOT}/difficulty/{{job}}/done.json",
+    log:
+        f"{LOGS}/{{job}}.log",
     wildcard_constraints:
         job=id_pattern(job_ids("difficulty")),
+    priority: lambda w: PRIORITY[w.job]
+    threads: THREADS
+    resources:
+        **job_resources("difficulty"),
     params:
         cfg=lambda w: job_config(w.job),
         out=lambda w: PLAN.jobs[w.job].out_dir,
-    threads: THREADS
-    priority: lambda w: PRIORITY[w.job]
-    resources:
-        **job_resources("difficulty"),
-    log:
-        f"{LOGS}/{{job}}.log",
     shell:
         "{OPDGRPO} difficulty --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"

@@ -6,16 +6,16 @@ rule opd:
         lambda w: upstream_done(w.run),
     output:
         f"{ROOT}/runs/{{run}}/done.json",
+    log:
+        f"{LOGS}/{{run}}.log",
     wildcard_constraints:
         run=id_pattern(job_ids("train", "opd")),
+    priority: lambda w: PRIORITY[w.run]
+    threads: THREADS
+    resources:
+        **job_resources("train"),
     params:
         cfg=lambda w: job_config(w.run),
         out=lambda w: PLAN.jobs[w.run].out_dir,
-    threads: THREADS
-    priority: lambda w: PRIORITY[w.run]
-    resources:
-        **job_resources("train"),
-    log:
-        f"{LOGS}/{{run}}.log",
     shell:
         "{TRAIN_CMD} train --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"

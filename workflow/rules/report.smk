@@ -30,14 +30,14 @@ rule report:
         f"{REPORT_DIR}/constraints.md",
         f"{REPORT_DIR}/mfu.md",
         *[report(f, category="Figures", caption="../report/figure.rst") for f in REPORT_FIGURES],
+    log:
+        f"{LOGS}/report.log",
+    resources:
+        **job_resources("report"),
     params:
         spec=json.dumps(PLAN.report_spec, sort_keys=True),
         out=REPORT_DIR,
         runs=f"{ROOT}/runs",
-    resources:
-        **job_resources("report"),
-    log:
-        f"{LOGS}/report.log",
     shell:
         "mkdir -p {params.out} && printf '%s' {params.spec:q} > {params.out}/spec.json && "
         "{OPDGRPO} report --spec {params.out}/spec.json --runs {params.runs} --out {params.out} > {log} 2>&1"
@@ -53,7 +53,9 @@ rule publish:
         REPORT_OUTPUTS,
     output:
         directory(PUBLISH_DIR),
+    log:
+        f"{LOGS}/publish.log",
     params:
         files=[f for f in REPORT_OUTPUTS if f.endswith((".png", ".md"))],
     shell:
-        "rm -rf {output} && mkdir -p {output} && cp {params.files} {output}/"
+        "(rm -rf {output} && mkdir -p {output} && cp {params.files} {output}/) > {log} 2>&1"

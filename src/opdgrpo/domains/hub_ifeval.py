@@ -34,8 +34,7 @@ import json
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
-from ..verifiers import THINK_END, final_answer_text
-from ..verifiers import ifeval
+from ..verifiers import THINK_END, final_answer_text, ifeval
 from .base import Task
 from .hub import HubDomain
 

@@ -32,7 +32,6 @@ from matplotlib.figure import Figure
 
 from opdgrpo.report.claims import claims_table
 from opdgrpo.report.constraints import constraints_markdown
-from opdgrpo.report.mfu import mfu_markdown
 from opdgrpo.report.curves import (
     ReportInputError,
     format_flops,
@@ -42,6 +41,7 @@ from opdgrpo.report.curves import (
     study_instances,
     validate_spec_runs,
 )
+from opdgrpo.report.mfu import mfu_markdown
 from opdgrpo.report.plots import PlotContext, plot_lengths
 from opdgrpo.report.savings import SAVINGS_COLUMNS
 from opdgrpo.report.uncertainty import bootstrap_interval

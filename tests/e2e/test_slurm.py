@@ -23,8 +23,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile")]
+REPO = Path(__file__).resolve().parents[2]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 PACKAGES = ["munge", "slurmctld", "slurmd", "slurm-client"]
 SLURM_CONF = Path("/etc/slurm/slurm.conf")  # the plugin's job step drops SLURM_CONF (every SLURM_* variable)
 FIRST_POLL_S = 5                             # --slurm-init-seconds-before-status-checks

@@ -1,8 +1,6 @@
-"""The numerics fingerprint, and the fast paths' gates: a run's numbers never depend on whether a fast path ran.
-
-Each gate is tested on the machine at hand (whatever it decides there) and with each branch forced: a fast path
-made inexact on purpose must be refused, and ``OPDGRPO_FAST_PATHS=off`` must give the same numbers as ``auto``.
-"""
+"""The numerics fingerprint in another process, and the fast paths' gates on whole models and training runs: a
+run's numbers never depend on whether a fast path ran (``OPDGRPO_FAST_PATHS=off`` against ``auto``), and a fast path
+made inexact on purpose inside a model is refused. (The gates on single attention calls: tests/unit/test_numerics.py.)"""
 
 from __future__ import annotations
 
@@ -48,27 +46,6 @@ def test_fingerprint_is_the_same_in_another_process_and_sees_one_changed_bit(mon
     assert numerics.fingerprint.__wrapped__() != here
 
 
-def test_machine_names_the_cpu_and_its_vector_flags():
-    m = numerics.machine()
-    assert m["fingerprint"] == numerics.fingerprint() and m["torch"] == torch.__version__
-    assert m["cpu"] and m["cpu_flags"]
-
-
-def test_an_unknown_mode_is_an_error_naming_the_variable(monkeypatch):
-    monkeypatch.setenv(numerics.ENV, "fast")
-    with pytest.raises(ValueError, match="OPDGRPO_FAST_PATHS"):
-        numerics.mode()
-
-
-def _attention_inputs(heads=4, kv=2, dim=16, rows=3, q_len=1, length=9):
-    import types
-
-    g = torch.Generator().manual_seed(0)
-    module = types.SimpleNamespace(num_key_value_groups=heads // kv, training=False)
-    q, k = torch.randn(rows, heads, q_len, dim, generator=g), torch.randn(rows, kv, length, dim, generator=g)
-    v = torch.randn(rows, kv, length, dim, generator=g).bfloat16()
-    return module, q, k, v, torch.zeros(rows, 1, q_len, length), dim ** -0.5
-
 
 def _off_by_some_ulps(real):
     def fold(*args):
@@ -76,26 +53,6 @@ def _off_by_some_ulps(real):
         return out * (1 + 2 ** -6), weights
     return fold
 
-
-def test_an_inexact_fold_is_refused_and_eager_arithmetic_used(monkeypatch):
-    monkeypatch.setattr(inference, "_folded_attention", _off_by_some_ulps(inference._folded_attention))
-    args = _attention_inputs()
-    with torch.no_grad(), autocast("bf16"):
-        got, _ = inference.eager_attention_no_grad(*args)
-        want, _ = inference.eager_attention_forward(*args)
-    assert torch.equal(got, want)
-    (decision,) = numerics.report()["fast_paths"]["folded_attention"].values()
-    assert decision["used"] is False and decision["first_difference"] == {"rows": 1, "q_len": 1, "kv_len": 1}
-
-
-def test_the_fold_is_used_here_only_where_the_sweep_found_it_exact():
-    args = _attention_inputs()
-    with torch.no_grad(), autocast("bf16"):
-        got, _ = inference.eager_attention_no_grad(*args)
-        want, _ = inference.eager_attention_forward(*args)
-    assert torch.equal(got, want)   # either path: the same bits
-    (decision,) = numerics.report()["fast_paths"]["folded_attention"].values()
-    assert decision["used"] is ("first_difference" not in decision) and decision["shapes_checked"] > 0
 
 
 def _model() -> torch.nn.Module:
@@ -106,6 +63,7 @@ def _model() -> torch.nn.Module:
     return Qwen3ForCausalLM(config).eval()
 
 
+
 def _sample(model) -> dict:
     prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15]] * 3
     with autocast("bf16"):
@@ -114,8 +72,10 @@ def _sample(model) -> dict:
     return {"sequences": r.sequences.tolist(), "flops": r.flops, "completions": r.completions}
 
 
+
 def _paths() -> list[dict]:
     return list(numerics.report()["fast_paths"]["paths"].values())
+
 
 
 def test_an_inexact_lean_forward_is_refused_and_the_models_forward_used(monkeypatch):
@@ -136,6 +96,7 @@ def test_an_inexact_lean_forward_is_refused_and_the_models_forward_used(monkeypa
     assert decision["path"] != "lean" and decision["refused"][0] == "lean"
 
 
+
 def test_a_fold_inexact_only_inside_the_model_is_vetoed_and_the_rest_kept(monkeypatch):
     """The sweep passes (forced) but the fold changes the model's bits: the model-level check vetoes the fold for
     that head layout and keeps the lean forward with eager arithmetic."""
@@ -151,6 +112,7 @@ def test_a_fold_inexact_only_inside_the_model_is_vetoed_and_the_rest_kept(monkey
     assert decision == {"path": "lean", "fold": False, "refused": ["lean", "fast"]}
 
 
+
 def test_off_and_auto_sample_the_same_tokens(monkeypatch):
     model = _model()
     auto = _sample(model)
@@ -158,6 +120,7 @@ def test_off_and_auto_sample_the_same_tokens(monkeypatch):
     numerics.reset()
     monkeypatch.setenv(numerics.ENV, "off")
     assert _sample(model) == auto
+
 
 
 RUNS = ["grpo-student-math+code+ifeval+knowledge-s0", "opd-teacher_m-math+code+ifeval+knowledge-s0"]
@@ -177,9 +140,11 @@ def test_a_training_run_gives_the_same_numbers_with_fast_paths_off(smoke_world, 
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv(numerics.ENV, mode)
             out[mode] = train(copy.deepcopy(cfg), tmp_path / mode)
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k not in ("wall_s", "achieved_flops_per_s")} for r in rows]
+
     for name in ("ledger.jsonl", "evals.jsonl"):
         a, b = (read_jsonl(tmp_path / mode / name) for mode in ("auto", "off"))
-        strip = lambda rows: [{k: v for k, v in r.items() if k not in ("wall_s", "achieved_flops_per_s")} for r in rows]
         assert strip(a) == strip(b), name
     assert out["auto"]["final_eval"] == out["off"]["final_eval"]
     auto = json.loads((Path(tmp_path) / "auto" / "done.json").read_text())["numerics"]

@@ -8,8 +8,7 @@ import itertools
 import json
 
 import pytest
-from pins import PINS, PinStore, differences
-from test_speed_pins import tolerance_view
+from pins import PINS, PinStore, differences, tolerance_view
 
 
 def test_pins_recorded_under_one_fingerprint_bind_only_there(tmp_path):

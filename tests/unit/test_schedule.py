@@ -11,7 +11,7 @@ from opdgrpo.config import compose
 from opdgrpo.plan import build_plan
 from opdgrpo.schedule import estimated_seconds, priorities
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("profile", ["smoke", "tiny", "paper"])

@@ -1,5 +1,6 @@
-# Found automatically by `snakemake` run from the repository root (workflow/Snakefile), which also
-# makes Snakemake pick up workflow/profiles/default; see docs/design-notes.md.
+# Found automatically by `snakemake` run from the repository root. Snakemake 9 then picks up the workflow profile
+# profiles/default, which is workflow/profiles/default through the link `profiles -> workflow/profiles`
+# (see docs/design-notes.md).
 # The whole reproduction as one DAG. Scale: `snakemake --config profile=smoke|tiny`; any other
 # setting: `snakemake --config 'overrides=["methods.opd.lr=1e-4"]'` (Hydra override syntax).
 # conf/ -> plan (opdgrpo.plan) -> one job per run -> run directories -> report.
@@ -10,20 +11,20 @@ from opdgrpo.plan import build_plan
 
 _overrides = [f"profile={config['profile']}"] if "profile" in config else []
 _overrides += list(config.get("overrides", []))
-CFG = compose(_overrides, Path(workflow.basedir).parent / "conf")
+CFG = compose(_overrides, Path(workflow.basedir) / "conf")
 PLAN = build_plan(CFG)
 ROOT = PLAN.root
 
 
-include: "rules/common.smk"
-include: "rules/base.smk"
-include: "rules/grpo.smk"
-include: "rules/opd.smk"
-include: "rules/difficulty.smk"
-include: "rules/report.smk"
+include: "workflow/rules/common.smk"
+include: "workflow/rules/base.smk"
+include: "workflow/rules/grpo.smk"
+include: "workflow/rules/opd.smk"
+include: "workflow/rules/difficulty.smk"
+include: "workflow/rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         REPORT_OUTPUTS,
-    default_target: True

@@ -17,9 +17,18 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content']
 
 
 @pytest.fixture(scope="module")
-def tokenizer(smoke_world):
-    _, plan = smoke_world
-    return load_tokenizer(Path(plan.jobs["tokenizer"].out_dir))
+def tokenizer(tmp_path_factory):
+    """The smoke profile's tokenizer, built and saved as its job builds it, then loaded back (no models needed)."""
+    from opdgrpo.config import compose
+    from opdgrpo.plan import build_plan
+    from opdgrpo.tokenizer import build_tokenizer, save_tokenizer
+
+    root = tmp_path_factory.mktemp("tokenizer")
+    plan = build_plan(compose(["profile=smoke", f"results_dir={root}/results"], Path(__file__).resolve().parents[2] / "conf"))
+    tc = plan.jobs["tokenizer"].config
+    out = Path(plan.jobs["tokenizer"].out_dir)
+    save_tokenizer(build_tokenizer(tc["domains"], tc["tokenizer"]["vocab_size"], tc["tokenizer"]["samples_per_domain"]), out)
+    return load_tokenizer(out)
 
 
 def _tasks() -> list[Task]:

@@ -1,11 +1,11 @@
-"""Paper-scale math: hub data sets (through the fixtures, loaded like the hub) and math-verify rewards."""
+"""Paper-scale math on the hub fixtures (loaded like the hub), and math-verify's worker pool under hangs, deaths and
+pathological answers."""
 
 from __future__ import annotations
 
 import copy
 import importlib.util
 import logging
-import threading
 import time
 from pathlib import Path
 
@@ -14,10 +14,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from opdgrpo.domains.base import heldout_overlap
-from opdgrpo.domains.hub_math import HubMathDomain, gold_string, strip_dapo_wrapper
-from opdgrpo.verifiers.math import MathVerifier, verify_one
+from opdgrpo.domains.hub_math import HubMathDomain
+from opdgrpo.verifiers.math import MathVerifier
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HUB = REPO / "tests" / "fixtures" / "hub"
 TEMPLATE = "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 
@@ -170,24 +170,6 @@ def test_bad_source_names_the_key(mutate, needle):
         HubMathDomain(cfg).training_pool()
 
 
-@pytest.mark.parametrize("verifier,needle", [
-    ({"threads": 2}, r"domains\.math\.verifier.*unknown keys \['threads'\]"),
-    ({"workers": "many"}, r"domains\.math\.verifier"),
-    ({"workers": -1}, "workers must be >= 0"),
-    ({"timeout_s": 0}, "timeout_s must be > 0"),
-])
-def test_bad_verifier_config(verifier, needle):
-    with pytest.raises(ValueError, match=needle):
-        HubMathDomain(paper_cfg(**verifier))
-
-
-def test_gold_strings_and_dapo_wrapper():
-    assert [gold_string(v) for v in (27.0, -1.0, 0.5, 7, "055 ", ["27.0"], None, float("nan"))] == \
-        ["27", "-1", "0.5", "7", "055", "27.0", None, None]
-    wrapped = f"{FIX.DAPO_PREFIX}\n\nWhat is $1+1$?\n\n{FIX.DAPO_SUFFIX}"
-    assert strip_dapo_wrapper(wrapped) == "What is $1+1$?" and strip_dapo_wrapper("What is $1+1$?") == "What is $1+1$?"
-
-
 # -- the verifier --------------------------------------------------------------------------------------------
 CASES = [   # (gold, completion, expected)
     ("17", "The sum is $17$, so the answer is $\\boxed{17}$.", 1.0),
@@ -214,11 +196,6 @@ CASES = [   # (gold, completion, expected)
 ]
 
 
-@pytest.mark.parametrize("gold,completion,expected", CASES)
-def test_verify_one(gold, completion, expected):
-    assert float(verify_one(gold, completion, timeout_s=2)) == expected
-
-
 def test_domain_score_in_process(domain):
     tasks = domain.heldout_sets()["amc23"] + domain.training_pool()
     right = [f"Working... therefore $\\boxed{{{t.answer}}}$." for t in tasks]
@@ -226,21 +203,6 @@ def test_domain_score_in_process(domain):
     assert domain.score(tasks, ["\\boxed{123456}"] * len(tasks)) == [0.0] * len(tasks)
     with pytest.raises(ValueError, match="2 tasks but 1 completions"):
         domain.score(tasks[:2], ["x"])
-
-
-def test_in_process_scoring_refuses_non_main_threads():
-    verifier, errors = MathVerifier(workers=0, timeout_s=1), []
-
-    def run():
-        try:
-            verifier.score(["1"], ["\\boxed{1}"])
-        except RuntimeError as err:
-            errors.append(str(err))
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    assert errors and "main thread" in errors[0]
 
 
 def test_worker_pool_matches_in_process_and_survives_hangs_and_deaths(caplog):

@@ -15,7 +15,7 @@ from opdgrpo.domains.instructions import CONSTRAINT_KINDS, Constraint, check_con
 from opdgrpo.domains.knowledge import extract_answer
 from opdgrpo.tokenizer import build_tokenizer
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "domain"
+CONF = Path(__file__).resolve().parents[2] / "conf" / "domain"
 MALFORMED = ["", "  \n ", "=>", "12 + 3 ?!", "cat dog =>", "\x00\x01"]
 
 

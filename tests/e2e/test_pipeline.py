@@ -16,8 +16,8 @@ import yaml
 from opdgrpo.config import compose
 from opdgrpo.plan import build_plan
 
-REPO = Path(__file__).resolve().parents[1]
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile")]
+REPO = Path(__file__).resolve().parents[2]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 CURVE_COLUMNS = ["run", "study", "method", "train_domains", "seed", "step", "cumulative_flops", "eval_domain", "eval_set",
                  "accuracy", "mean_response_length"]
 

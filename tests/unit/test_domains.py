@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -11,10 +12,12 @@ from opdgrpo.domains import build_domain
 from opdgrpo.domains.math import evaluate, extract_answer
 from opdgrpo.tokenizer import build_tokenizer
 
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
 
 @pytest.fixture(scope="module")
 def cfg():
-    return compose(["profile=smoke"])
+    return compose(["profile=smoke"], CONF)   # not the working directory's conf/
 
 
 @pytest.fixture(scope="module")

@@ -1,24 +1,22 @@
-"""The paper profile, offline: it composes, plans every study, dry-runs in Snakemake with each job's resources, and
-its code path (hub tokenizer and models through from_pretrained, chat template, hub data sets, real verifiers)
-trains end to end on tiny Qwen3 models saved in Hugging Face format and on the fixtures with the hub's schemas."""
+"""The paper profile's code path, offline: hub tokenizer and models through from_pretrained, chat template, hub data
+sets, real verifiers, trained end to end on tiny Qwen3 models saved in Hugging Face format and on the fixtures with
+the hub's schemas. (Its plan: tests/unit/test_config_plan.py; its DAG in Snakemake: tests/e2e/test_snakemake_cli.py.)"""
 
 from __future__ import annotations
 
 import copy
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from opdgrpo.config import compose
 from opdgrpo.plan import build_plan
 from opdgrpo.runio import read_jsonl
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "hub"
 
 #: hub source -> the fixture with its schema (same load_dataset call; configs become data_files)
@@ -57,30 +55,6 @@ def offline_paper_config(root: Path, models: dict[str, str] | None = None, domai
     for name, path in (models or {}).items():
         cfg["models"][name].update({"path": path, "dtype": "float32"})
     return cfg
-
-
-def test_paper_profile_plans_every_study_offline(tmp_path):
-    cfg = compose(["profile=paper", f"results_dir={tmp_path}"], REPO / "conf")
-    plan = build_plan(cfg)
-    studies = {s for j in plan.runs() for s in j.studies}
-    assert {"S1", "S1b", "S2", "S3", "S4", "S5", "S5b"} <= studies
-    ids = set(plan.jobs)
-    assert "opd-qwen3_32b-code-s0" in ids and "opd-qwen3_8b-code-s0" in ids          # S1's external teachers
-    assert any(i.startswith("grpo-student_1p7b-math_") for i in ids)                   # S2 trains the 1.7B student
-    assert "difficulty-math-into_student_1p7b-qwen3_4b" in ids
-    assert plan.jobs["opd-experts-math+code+ifeval+knowledge-s0"].config["train"]["mix"] == "instance"
-    assert cfg["models"]["qwen3_32b"]["path"] == "Qwen/Qwen3-32B"
-
-
-def test_snakemake_dry_run_lists_the_paper_dag_with_resources(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--config", "profile=paper",
-                          f'overrides=["results_dir={tmp_path}"]'],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    text = out.stdout + out.stderr
-    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", text, flags=re.M))
-    assert int(counts["opd"]) > 10 and int(counts["grpo"]) > 10 and int(counts["pretrain"]) == 7, counts
-    assert re.search(r"gpu=8", text) and re.search(r"runtime=2880", text)   # training jobs: one 8-GPU node
 
 
 # -- the paper code path end to end, on tiny models in Hugging Face format ---------------------------------------
@@ -136,8 +110,8 @@ PAPER_DOMAINS = ("math", "code", "ifeval", "knowledge")
 
 
 def test_paper_code_path_trains_end_to_end(tiny_hub_models, tmp_path):
-    from opdgrpo.train import train
     from opdgrpo.tokenizer import load_tokenizer
+    from opdgrpo.train import train
 
     cfg = _tiny_paper_config(tmp_path / "results", tiny_hub_models, PAPER_DOMAINS)
     plan = build_plan(cfg)

@@ -15,8 +15,8 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from opdgrpo import flops as F
-from opdgrpo.runio import read_jsonl
 from opdgrpo.batching import batch_tasks, domain_counts
+from opdgrpo.runio import read_jsonl
 from opdgrpo.train import train
 
 

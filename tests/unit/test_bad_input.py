@@ -3,12 +3,13 @@ and deletes nothing that is finished.
 
 Cases covered elsewhere and not repeated here:
   - unknown study, unknown domain or teacher in a study, zero/negative learning rate, GRPO group size 1, top-k larger
-    than the vocabulary, `seeds=[]`, `threads=two`, S2 bins: tests/test_config_plan.py::test_bad_config_fails_early_naming_the_key
-  - unknown profile: tests/test_config_plan.py::test_unknown_profile_is_named
-  - evals.jsonl missing `accuracy` (the report's curves input): tests/test_report.py::test_missing_key_names_key_and_line
-  - a malformed or truncated evals.jsonl line: tests/test_report.py::test_malformed_middle_line_names_file_and_line,
+    than the vocabulary, `seeds=[]`, `threads=two`, S2 bins: tests/unit/test_config_plan.py::test_bad_config_fails_early_naming_the_key
+  - unknown profile: tests/unit/test_config_plan.py::test_unknown_profile_is_named
+  - evals.jsonl missing `accuracy` (the report's curves input): tests/integration/test_report.py::test_missing_key_names_key_and_line
+  - a malformed or truncated evals.jsonl line: tests/integration/test_report.py::test_malformed_middle_line_names_file_and_line,
     test_truncated_last_line_is_skipped_with_warning
-  - domain blocks of the new domains: tests/test_new_domains.py::test_*_config_errors_name_the_key
+  - domain blocks of instruction following and knowledge: tests/unit/test_domains_ifeval_knowledge.py::test_*_config_errors_name_the_key
+  - the same refusals through Snakemake, before it schedules anything: tests/e2e/test_snakemake_cli.py
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,9 +30,8 @@ from opdgrpo.domains import Task
 from opdgrpo.domains.math import MathDomain
 from opdgrpo.plan import build_plan
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile")]
 
 
 def _compose(*overrides: str):
@@ -98,19 +96,6 @@ def test_heldout_overlapping_training_fails_at_compose(monkeypatch):
     leak = _leaky_heldout(monkeypatch)
     with pytest.raises(ConfigError, match=rf"`domains\.math`: domain math: held-out set 'amc' shares 1 prompt\(s\) .*{leak}"):
         _compose()
-
-
-@pytest.mark.parametrize("override,message", [
-    ("domains.math.kind=algebra", "domains.math.kind"),
-    ("results_dir=/etc/passwd/x", "results_dir"),
-])
-def test_snakemake_refuses_before_scheduling(tmp_path, override, message):
-    """The Snakefile composes (and so validates) before it plans: nothing is scheduled, nothing written."""
-    out = subprocess.run([*SNAKEMAKE, "--directory", str(tmp_path), "-n", "--config", "profile=smoke", f"overrides=[{override}]"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode != 0
-    assert message in out.stdout + out.stderr and "Job stats" not in out.stdout
-    assert not (tmp_path / "results").exists()
 
 
 # --------------------------------------------------------------------------------------------- run level, in train()
@@ -243,7 +228,8 @@ def test_student_with_another_tokenizer_than_the_run(world, finished_run, tmp_pa
     shutil.copytree(cfg["student"]["path"], student)
     _swap_two_tokens(student)
     cfg["student"]["path"] = str(student)
-    _fails_untouched(cfg, finished_run, ValueError, r"student at .* was built with another tokenizer than the run's .*token 'a' has id \d+ in the student's and \d+ in the run's")
+    _fails_untouched(cfg, finished_run, ValueError,
+                     r"student at .* was built with another tokenizer than the run's .*token 'a' has id \d+ in the student's and \d+ in the run's")
 
 
 def test_model_embedding_smaller_than_the_tokenizer(world, finished_run, tmp_path):

@@ -16,8 +16,8 @@ from opdgrpo.config import compose
 from opdgrpo.guards import RunLocked, run_dir_lock
 from opdgrpo.plan import build_plan
 
-REPO = Path(__file__).resolve().parents[1]
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile")]
+REPO = Path(__file__).resolve().parents[2]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 
 
 def _wait_for(predicate, timeout: float, what: str) -> None:

@@ -2,7 +2,8 @@
 
 ``tests/fixtures/speed_pins.json`` holds what the code wrote (ledger lines: tokens, FLOPs, loss, reward, gradient
 norm, metrics, not ``wall_s`` nor keys added since; evaluation results; pretraining losses; raw sampler outputs), one
-set per machine, keyed by its numerics fingerprint (``tests/pins.py``). Each case runs once and is checked twice:
+set per machine, keyed by its numerics fingerprint (``tests/pins.py``, which also says what the tolerance
+comparison looks at). Each case runs once and is checked twice:
 bit for bit against this machine's own pins (skipped, saying how to record them, on a machine without pins), and
 within tolerances against every machine's pins (runs everywhere, so a real regression fails on any CPU).
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from pins import RECORD, PinStore
+from pins import RECORD, PinStore, tolerance_view
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from opdgrpo.models import autocast
@@ -57,22 +58,6 @@ def _check_bitwise(store: PinStore, observed: dict) -> None:
         if name.endswith("/ledger") and not RECORD:
             value = _as_pinned(value, store.own(name))
         store.bitwise(name, value)
-
-
-def tolerance_view(name: str, pin):
-    """What the tolerance comparison looks at in pin ``name``.
-
-    A sampler pin's tokens change with the last bits, so it is summarised (:func:`_sampler_summary`). A GRPO step's
-    loss and gradient norm hinge on discrete events: a step whose groups all tie on reward has zero advantages, so
-    zero loss and gradient, and one reward flipped by another CPU's sampling makes both jump (an AVX2 build gave a
-    gradient norm of 0.32 where both pinned machines had 0). They are left to the bitwise pins and to
-    ``tests/test_losses.py``'s hand-worked values; the GRPO ledger's FLOPs, tokens, rewards and lengths are compared.
-    """
-    if name.startswith("sampler/"):
-        return _sampler_summary(pin)
-    if name.startswith("grpo-") and name.endswith("/ledger"):
-        return [{k: v for k, v in line.items() if k not in ("loss", "grad_norm", "metrics")} for line in pin]
-    return pin
 
 
 def _check_tolerance(store: PinStore, observed: dict) -> None:
@@ -148,15 +133,6 @@ SAMPLER_CASES = {
     "top_p": dict(temperature=0.8, top_p=0.9),
     "top_k": dict(temperature=1.2, top_k=5),
 }
-
-
-def _sampler_summary(pin: dict) -> dict:
-    """What the tolerance comparison looks at in a sampler pin: the tokens themselves change with the last bits."""
-    lengths = [len(c) for c in pin["completions"]]
-    return {"rows": len(pin["sequences"]), "prompt_len": pin["prompt_len"],
-            "mean_completion_length": sum(lengths) / len(lengths),
-            "finished_fraction": sum(pin["finished"]) / len(pin["finished"]),
-            "flops": pin["flops"], "tokens_computed": pin["tokens_computed"]}
 
 
 @pytest.fixture(scope="module", params=[(c, p) for c in sorted(SAMPLER_CASES) for p in ("fp32", "bf16")],

@@ -11,7 +11,7 @@ import pytest
 from opdgrpo.config import ConfigError, compose
 from opdgrpo.plan import build_plan
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
 
 
@@ -124,3 +124,16 @@ def test_every_conf_study_has_a_registered_module():
 
     names = {yaml.safe_load(path.read_text())["name"] for path in (CONF / "study").glob("*.yaml")}
     assert names == set(REGISTRY)
+
+
+def test_paper_profile_plans_every_study_offline(tmp_path):
+    cfg = compose(["profile=paper", f"results_dir={tmp_path}"], REPO / "conf")
+    plan = build_plan(cfg)
+    studies = {s for j in plan.runs() for s in j.studies}
+    assert {"S1", "S1b", "S2", "S3", "S4", "S5", "S5b"} <= studies
+    ids = set(plan.jobs)
+    assert "opd-qwen3_32b-code-s0" in ids and "opd-qwen3_8b-code-s0" in ids          # S1's external teachers
+    assert any(i.startswith("grpo-student_1p7b-math_") for i in ids)                   # S2 trains the 1.7B student
+    assert "difficulty-math-into_student_1p7b-qwen3_4b" in ids
+    assert plan.jobs["opd-experts-math+code+ifeval+knowledge-s0"].config["train"]["mix"] == "instance"
+    assert cfg["models"]["qwen3_32b"]["path"] == "Qwen/Qwen3-32B"

@@ -1,0 +1,102 @@
+"""Paper-scale math without loading the hub fixtures: gold strings, the verifier's config, and math-verify rewards
+in process (the data sets and the worker pool: tests/integration/test_hub_math_fixtures.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from opdgrpo.domains.hub_math import HubMathDomain, gold_string, strip_dapo_wrapper
+from opdgrpo.verifiers.math import MathVerifier, verify_one
+
+REPO = Path(__file__).resolve().parents[2]
+HUB = REPO / "tests" / "fixtures" / "hub"
+
+
+def _fixture_module():
+    spec = importlib.util.spec_from_file_location("make_math", HUB / "make_math.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+FIX = _fixture_module()
+
+
+def paper_cfg(**verifier) -> dict:
+    """conf/domain/paper_math.yaml with every source pointed at its fixture (the only change)."""
+    cfg = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "domain" / "paper_math.yaml"))
+    cfg["train"]["source"]["path"] = str(HUB / "open-r1__DAPO-Math-17k-Processed")
+    paths = {"aime24": "HuggingFaceH4__aime_2024", "aime25": "math-ai__aime25", "amc23": "math-ai__amc23"}
+    for name, folder in paths.items():
+        cfg["heldout"][name]["source"]["path"] = str(HUB / folder)
+    cfg["verifier"].update({"workers": 0, "timeout_s": 2, **verifier})
+    return cfg
+
+
+@pytest.mark.parametrize("verifier,needle", [
+    ({"threads": 2}, r"domains\.math\.verifier.*unknown keys \['threads'\]"),
+    ({"workers": "many"}, r"domains\.math\.verifier"),
+    ({"workers": -1}, "workers must be >= 0"),
+    ({"timeout_s": 0}, "timeout_s must be > 0"),
+])
+def test_bad_verifier_config(verifier, needle):
+    with pytest.raises(ValueError, match=needle):
+        HubMathDomain(paper_cfg(**verifier))
+
+
+def test_gold_strings_and_dapo_wrapper():
+    assert [gold_string(v) for v in (27.0, -1.0, 0.5, 7, "055 ", ["27.0"], None, float("nan"))] == \
+        ["27", "-1", "0.5", "7", "055", "27.0", None, None]
+    wrapped = f"{FIX.DAPO_PREFIX}\n\nWhat is $1+1$?\n\n{FIX.DAPO_SUFFIX}"
+    assert strip_dapo_wrapper(wrapped) == "What is $1+1$?" and strip_dapo_wrapper("What is $1+1$?") == "What is $1+1$?"
+
+
+# -- the verifier --------------------------------------------------------------------------------------------
+CASES = [   # (gold, completion, expected)
+    ("17", "The sum is $17$, so the answer is $\\boxed{17}$.", 1.0),
+    ("17", "\\boxed{17}", 1.0),
+    ("17", "Final answer: \\boxed{ 17 }", 1.0),
+    ("055", "Adding up gives \\boxed{55}.", 1.0),
+    ("27", "\\boxed{27.0}", 1.0),
+    ("\\frac{1}{2}", "so the probability is \\boxed{0.5}", 1.0),
+    ("0.5", "\\boxed{\\frac{1}{2}}", 1.0),
+    ("\\frac{3}{4}", "\\boxed{\\dfrac{3}{4}}", 1.0),
+    ("2\\sqrt{3}", "the height is $\\boxed{\\sqrt{12}}$", 1.0),
+    ("2\\sqrt{3}", "\\boxed{2}", 0.0),                       # a bare-text gold parse would have read "2"
+    ("336^\\circ", "\\boxed{336}", 1.0),
+    ("-1", "\\boxed{-1}", 1.0),
+    ("17", "\\boxed{18}", 0.0),
+    ("17", "I first guessed \\boxed{17} but the answer is \\boxed{18}.", 0.0),
+    ("\\frac{1}{2}", "\\boxed{\\frac{1}{3}}", 0.0),
+    ("17", "<think>maybe \\boxed{17}?</think>The answer is \\boxed{18}.", 0.0),   # inside <think>: not counted
+    ("17", "<think>wrong \\boxed{3}</think>So the answer is \\boxed{17}.", 1.0),
+    ("17", "<think>it is \\boxed{17} but I am still thinking", 0.0),            # never finished thinking
+    ("17", "", 0.0),
+    ("17", "I do not know.", 0.0),
+    ("17", "<think>\\boxed{17}</think>", 0.0),                                   # no answer after thinking
+]
+
+
+@pytest.mark.parametrize("gold,completion,expected", CASES)
+def test_verify_one(gold, completion, expected):
+    assert float(verify_one(gold, completion, timeout_s=2)) == expected
+
+
+def test_in_process_scoring_refuses_non_main_threads():
+    verifier, errors = MathVerifier(workers=0, timeout_s=1), []
+
+    def run():
+        try:
+            verifier.score(["1"], ["\\boxed{1}"])
+        except RuntimeError as err:
+            errors.append(str(err))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert errors and "main thread" in errors[0]
