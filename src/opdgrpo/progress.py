@@ -39,6 +39,18 @@ def fields(values: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={_value(v)}" for k, v in values.items() if v is not None)
 
 
+class Stages:
+    """Lines of a job without steps (the report): one per stage done, with its seconds."""
+
+    def __init__(self, job: str):
+        self.job, self.last = job, time.time()
+
+    def __call__(self, stage: str, **values: Any) -> None:
+        now = time.time()
+        log.info("stage %s", fields({"job": self.job, "stage": stage, **values, "seconds": round(now - self.last, 1)}))
+        self.last = now
+
+
 class Progress:
     """Step lines of one job's loop (``total`` steps; a resumed job starts at ``start``)."""
 

@@ -26,3 +26,15 @@ def test_fast_steps_log_every_few_seconds_and_always_the_first_and_last(caplog, 
 def test_lines_read_as_key_value_pairs():
     assert fields({"run": "x", "loss": 0.123456, "flops": 1.5e12, "skip": None}) == "run=x loss=0.1235 flops=1.5e+12"
     assert clock(3725.4) == "1:02:05"
+
+
+def test_stages_log_each_stage_with_its_seconds(caplog):
+    from opdgrpo.progress import Stages
+
+    caplog.set_level("INFO", logger="opdgrpo.progress")
+    stage = Stages("report-tiny")
+    stage("curves", runs=35)
+    stage("written", files=40)
+    lines = [r.getMessage() for r in caplog.records]
+    assert re.fullmatch(r"stage job=report-tiny stage=curves runs=35 seconds=[\d.]+", lines[0])
+    assert lines[1].startswith("stage job=report-tiny stage=written files=40")

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from opdgrpo.progress import Stages
 from opdgrpo.report.claims import claims_table
 from opdgrpo.report.constraints import constraints_markdown
 from opdgrpo.report.curves import (
@@ -318,6 +319,7 @@ def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, An
 
     Raises :class:`ReportInputError` (naming the file, run or key) when an input is missing or malformed.
     """
+    stage = Stages(f"report-{Path(out_dir).parent.name}")
     spec = load_spec(spec_path)
     validate_spec_runs(spec)
     keys, notes = known_studies(spec)
@@ -328,9 +330,12 @@ def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, An
     final_flops = load_final_flops(runs_dir, [e["run"] for e in spec["runs"]])
     rows = consolidation_rows(spec, curves, final_flops)
     profile = str(spec["profile"])
+    stage("curves", runs=len(spec["runs"]), points=len(curves))
 
     claims = claims_table(spec, curves, rows)
+    stage("claims", savings_rows=len(rows))
     figures = draw_figures(spec, keys, curves, rows, notes)  # all drawn before anything is written
+    stage("figures", figures=len(figures))
 
     written: list[Path] = []
     written.append(_atomic(out_dir / "curves.csv", lambda tmp: curves.to_csv(tmp, index=False)))
@@ -343,6 +348,7 @@ def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, An
     written.append(write_text(out_dir / "mfu.md", mfu_markdown(spec, runs_dir, profile)))
     for stem, fig in figures.items():
         written.extend(save_figure(fig, out_dir, stem))
+    stage("written", files=len(written), out=str(out_dir))
     return {"written": written, "notes": notes, "savings": rows}
 
 
