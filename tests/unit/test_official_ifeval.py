@@ -16,7 +16,11 @@ Sources, all in google-research/google-research ``instruction_following_eval/``:
   Sixteen letters (c d e f g h k l m n p r s t v w) are abbreviations in that model (``abbrev_types.txt``), and
   after them no sentence ever ends (``Take vitamin C. It helps.``: one sentence).
 
-Each case carries the official verdict; ``departs`` marks where ours deliberately differs (none at present).
+Each case carries the official verdict; ``departs`` marks where ours deliberately differs, as documented in
+:mod:`opdgrpo.verifiers.ifeval`: keywords and markers are matched literally, where the official checkers use them
+as regular expressions (so ``e.g.`` is found in "eggs" there). Elsewhere (tests/unit/test_hub_ifeval.py): a missing
+argument raises instead of drawing a random target, and the relations "at most", "exactly" and "around" extend
+IFEval's two.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ from opdgrpo.verifiers import ifeval
 def case(instruction_id: str, kwargs: dict, response: str, official: bool):
     return pytest.param(instruction_id, kwargs, response, official, official,
                         id=f"{instruction_id.split(':')[1]}:{response[:30]!r}")
+
+
+def departs(instruction_id: str, kwargs: dict, response: str, official: bool, ours: bool, why: str):
+    return pytest.param(instruction_id, kwargs, response, official, ours,
+                        id=f"departs({why}):{instruction_id.split(':')[1]}:{response[:30]!r}")
 
 
 LT, AL = "less than", "at least"
@@ -51,6 +60,7 @@ STRICT = [
     case("keywords:existence", {"keywords": ["river", "Mona Lisa"]}, "The river runs past a mona lisa poster.", True),
     case("keywords:existence", {"keywords": ["romantic", "river"]}, "A romance by the riverside.", False),
     case("keywords:existence", {"keywords": ["river"]}, "Riverside walks.", True),
+    departs("keywords:existence", {"keywords": ["e.g."]}, "Fruits, eggs and more.", True, False, why="literal keywords"),
     # -- keywords:frequency (test_keyword_frequency_checker: case-insensitive, substrings count) -----------------
     case("keywords:frequency", {"keyword": "tea", "frequency": 4, "relation": LT}, "tea, Tea, TEA", True),
     case("keywords:frequency", {"keyword": "tea", "frequency": 3, "relation": AL}, "tea, Tea, TEA", True),
