@@ -50,6 +50,15 @@ REPO = Path(__file__).resolve().parents[2]
     ("I'm not sure", 10, None),
     ("", 4, None),
     ("No idea.", 4, None),
+    # a choice stated in other words (no explicit statement): the letter must close the phrase
+    ("I think it's D because the others fail.", 4, "D"),
+    ("I'd say (b) here.", 4, "B"),
+    ("Option C is the answer.", 4, "C"),
+    ("It's A good question; the velocity doubles.", 4, None),
+    ("If we choose B as the base, then x=3.", 4, None),
+    ("Let's pick A = 2 and check.", 4, None),
+    ("Option A is correct only for small angles, so B.", 4, None),   # two different cues: no answer
+    ("It's B. Final answer: C", 4, "C"),                               # an explicit statement beats any cue
     # reasoning inside <think> is never read; a completion cut off while thinking has no answer
     ("<think>The answer is (A)... hmm, (A)?</think>\nThe answer is (C)", 4, "C"),
     ("<think>The answer is (A)</think>\nI cannot decide.", 4, None),

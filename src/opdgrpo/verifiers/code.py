@@ -17,11 +17,16 @@ here on top of the project's sandbox:
   (:mod:`opdgrpo.stdio_execution`, one sandbox per program, a fresh forked process per test).
   Its output matches (:func:`outputs_match`) when, after stripping the whole text and then each line,
   both have the same number of lines and every line is equal, or both lines are whitespace-separated
-  numbers that are equal as decimals (``1.0`` == ``1``; no tolerance beyond that, as in LiveCodeBench).
+  numbers that are equal as decimals (``1.0`` == ``1``, ``Infinity`` == ``inf``, a NaN equals nothing; no
+  tolerance beyond that, as in LiveCodeBench's ``Decimal`` comparison).
 * **functional tests.** The input is one JSON value per line, one per argument; the program's
   ``Solution().<func_name>(*args)`` is called (or a top-level ``<func_name>`` when there is no
   ``Solution`` class with that method), through :func:`opdgrpo.execution.check_programs`; the returned
-  value must equal the JSON-decoded expected output (tuples count as lists).
+  value must equal the JSON-decoded expected output (:func:`functional_match`). As in LiveCodeBench, where it
+  is compared with ``==``, a dict with a key that is not a string (``{1: 2}``) never equals the JSON object
+  ``{"1": 2}``, a NaN equals nothing, ``True == 1`` and ``3.0 == 3``. One deliberate departure: tuples count as
+  lists at any depth (``[(1, 2)]`` equals ``[[1, 2]]``); LiveCodeBench turns only a top-level tuple into a list,
+  so a list of tuples fails there although its own comment means not to penalise tuples.
 * **Reward.** 1.0 only when every test passes (pass@1 as LiveCodeBench counts it), else 0.0.
 
 Expected outputs never enter the sandbox: the sandboxed process reports what the program printed or
@@ -47,7 +52,7 @@ from . import final_answer_text
 
 __all__ = [
     "PRELUDE", "VerifierConfig", "CodeResult", "extract_program", "decode_test_cases", "make_answer",
-    "select_tests", "outputs_match", "check_completions", "score_completions",
+    "select_tests", "outputs_match", "functional_match", "check_completions", "score_completions",
 ]  # fmt: skip
 
 MODES = ("stdin", "functional")
@@ -247,15 +252,21 @@ def _lines(text: str) -> list[str]:
 
 def _decimals(line: str) -> list[Decimal] | None:
     try:
-        values = [Decimal(token) for token in line.split()]
+        return [Decimal(token) for token in line.split()]
     except (InvalidOperation, ValueError):
         return None
-    return values if all(v.is_finite() for v in values) else None
+
+
+def _equal_decimals(a: list[Decimal], b: list[Decimal]) -> bool:
+    try:
+        return a == b  # infinities compare as numbers; a quiet NaN equals nothing
+    except InvalidOperation:  # a signalling NaN cannot be compared at all
+        return False
 
 
 def outputs_match(got: str, expected: str) -> bool:
     """LiveCodeBench's stdout rule: same number of lines after stripping; each line equal after stripping,
-    or both lines whitespace-separated numbers equal as decimals."""
+    or both lines whitespace-separated numbers equal as decimals (``Infinity`` == ``inf``)."""
     got_lines, want_lines = _lines(got), _lines(expected)
     if len(got_lines) != len(want_lines):
         return False
@@ -263,9 +274,51 @@ def outputs_match(got: str, expected: str) -> bool:
         if mine == theirs:
             continue
         a, b = _decimals(mine), _decimals(theirs)
-        if a is None or b is None or a != b:
+        if a is None or b is None or not _equal_decimals(a, b):
             return False
     return True
+
+
+# Runs on every returned value in the sandbox (and here, for :func:`functional_match`), before the value goes back
+# as JSON: JSON would turn a dict key 1 into "1" and a NaN into NaN, which then compare equal to the expected JSON
+# where LiveCodeBench's ``prediction == expected`` does not. Such a value is replaced by one JSON cannot encode,
+# which the harness reports as a wrong answer. Builtins come from the builtins module, not the program's globals.
+_VALUE_CHECK = """
+def __opdgrpo_lcb_value__(value):
+    import builtins as b
+    seen, stack = b.set(), [value]
+    while stack:
+        item = stack.pop()
+        if b.isinstance(item, b.float):
+            if item != item:
+                return b.object()
+        elif b.isinstance(item, (b.dict, b.list, b.tuple)):
+            if b.id(item) in seen:
+                continue
+            seen.add(b.id(item))
+            if b.isinstance(item, b.dict):
+                if not b.all(b.isinstance(key, b.str) for key in item):
+                    return b.object()
+                stack.extend(item.values())
+            else:
+                stack.extend(item)
+    return value
+"""
+_value_check_ns: dict[str, Any] = {}
+exec(_VALUE_CHECK, _value_check_ns)  # the same code the sandbox runs
+_lcb_value = _value_check_ns["__opdgrpo_lcb_value__"]
+
+
+def functional_match(value: Any, expected_output: str) -> bool:
+    """Whether a value a program returned passes a functional test whose expected output is ``expected_output``
+    (JSON text): the comparison grading makes, in the sandbox (:data:`_VALUE_CHECK`) and then in
+    :func:`opdgrpo.execution.check_programs` (the value's JSON round trip ``==`` the decoded expected output)."""
+    expected = json.loads(expected_output)
+    try:
+        returned = json.loads(json.dumps(_lcb_value(value)))
+    except (TypeError, ValueError):
+        return False  # not JSON-serialisable: the harness reports no value
+    return returned == expected
 
 
 # -- scoring --------------------------------------------------------------------------------------------
@@ -350,13 +403,14 @@ def _check_functional(jobs, config: VerifierConfig) -> list[CodeResult]:
 
 def _with_entry(program: str, func_name: str) -> str:
     """The program with the prelude in front and an entry point after it that calls
-    ``Solution().<func_name>`` (LeetCode style) or else a top-level ``<func_name>``, fresh per call."""
+    ``Solution().<func_name>`` (LeetCode style) or else a top-level ``<func_name>``, fresh per call, and passes
+    what it returns through :data:`_VALUE_CHECK`."""
     name = json.dumps(func_name)
     return (
-        f"{PRELUDE}\n{program}\n\n"
+        f"{PRELUDE}\n{program}\n\n{_VALUE_CHECK}\n"
         f"def {_SHIM}(*args):\n"
         f"    cls = globals().get('Solution')\n"
         f"    if isinstance(cls, type) and hasattr(cls, {name}):\n"
-        f"        return getattr(cls(), {name})(*args)\n"
-        f"    return globals()[{name}](*args)\n"
+        f"        return __opdgrpo_lcb_value__(getattr(cls(), {name})(*args))\n"
+        f"    return __opdgrpo_lcb_value__(globals()[{name}](*args))\n"
     )

@@ -6,12 +6,20 @@ implementation of those rules, written so that a paper-scale run never touches t
 
 - words are counted with ``nltk.tokenize.RegexpTokenizer(r"\\w+")``, exactly as the official code does;
 - sentences: the official code loads NLTK's *pretrained* English Punkt model (``tokenizers/punkt/english.pickle``,
-  a download). We use an *untrained* :class:`~nltk.tokenize.punkt.PunktSentenceTokenizer` given a fixed list of
-  common English abbreviations (``ABBREVIATIONS``). Both split on ``.``, ``?`` and ``!`` the same way, keep decimals
-  (``3.14``) and ellipses inside a sentence, and do not split after ``Dr.`` or ``e.g.``; they can differ on an
-  abbreviation the pretrained model learned and our list lacks (ours then counts one sentence more), and on
-  capitalisation cues the pretrained model learned from its corpus. Only ``length_constraints:number_sentences``
-  and ``change_case:capital_word_frequency`` (whose ``word_tokenize`` splits sentences first) see the difference;
+  a download). We use an *untrained* :class:`~nltk.tokenize.punkt.PunktSentenceTokenizer` given two fixed lists
+  that stand in for what the pretrained model learned from its corpus: common English abbreviations
+  (``ABBREVIATIONS``, with the sixteen single letters the pretrained model holds as abbreviations,
+  ``INITIAL_ABBREVIATIONS``) and common English words (``LOWERCASE_WORDS``), marked as seen in lower case. Both
+  split on ``.``, ``?`` and ``!`` the same way, keep decimals (``3.14``) and ellipses inside a sentence, and do not
+  split after ``Dr.`` or ``e.g.``. After an *initial* (one letter and a period) both follow Punkt's rule: a new
+  sentence starts when the next word is capitalised and is a word known in lower case (``plan B. The rest``), not
+  before a lower-case word or a name (``J. Quillfeather``), and never after one of the abbreviation letters
+  (``vitamin C. It helps.`` is one sentence to the pretrained model too). They can differ on an abbreviation the
+  pretrained model learned and our list lacks (ours then counts one sentence more), on an initial followed by a
+  capitalised word the pretrained model knows in lower case and our word list lacks (ours then counts one
+  sentence fewer), and on abbreviations followed by a frequent sentence starter. Only
+  ``length_constraints:number_sentences`` and ``change_case:capital_word_frequency`` (whose ``word_tokenize``
+  splits sentences first) see the difference;
 - ``nltk.word_tokenize`` (needs Punkt too) is rebuilt as our sentence split followed by NLTK's Treebank-style
   :class:`~nltk.tokenize.NLTKWordTokenizer` on each sentence, which is what ``word_tokenize`` does;
 - ``langdetect`` is seeded (``DetectorFactory.seed = 0``) so language checks are deterministic; as in the official
@@ -48,6 +56,29 @@ RELATIONS = OFFICIAL_RELATIONS + ("at most", "exactly", "around")
 CONSTRAINED_RESPONSES = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
 ABBREVIATIONS = frozenset({"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "e.g", "i.e", "inc", "ltd",
                            "corp", "u.s", "u.k", "approx", "fig"})
+# The single letters NLTK's pretrained English Punkt model holds as abbreviations (its punkt_tab/english/
+# abbrev_types.txt): no sentence ends after "C." or "m."; after the other ten letters ("plan B.", "World War I.")
+# one may.
+INITIAL_ABBREVIATIONS = frozenset("cdefghklmnprstvw")
+# Words that start sentences and that the pretrained model has seen in lower case: after an initial, a capitalised
+# one of these begins a new sentence. Names and other words only ever capitalised are left out on purpose.
+LOWERCASE_WORDS = frozenset("""
+a about above according across actually additionally after afterwards again against all allow almost along
+already also although always among an and another any anyone anything are as at back based be because been
+before being below besides best better between both but by can cannot certainly check choose clearly come
+consider could currently despite did do does doing done during each either else even eventually every
+everyone everything except far few finally first five following for four from further
+furthermore generally get give go good great had has have having he hence her here hers herself high him
+himself his how however if importantly in including indeed instead into is it its itself just keep last
+later less let like likely look low make many may maybe meanwhile might more moreover most much must my
+myself near neither never nevertheless new next nine no none nor not nothing now of often on once one only
+or other others otherwise our ours ourselves out over overall perhaps please plus possibly rather really
+remember right second see seven several she should similarly since six so some someone something sometimes
+soon still such sure take than thank thanks that the their theirs them themselves then there therefore these
+they third this those though three through thus to today together too try two under unless unlike until up
+upon us use usually very was we well were what whatever when whenever where whereas wherever whether which
+while who whoever whom whose why will with within without would yes yet you your yours yourself
+""".split())
 
 
 def compare(count: int, relation: str, target: int) -> bool:
@@ -66,10 +97,15 @@ def compare(count: int, relation: str, target: int) -> bool:
 # -- tokenisation without downloaded data ---------------------------------------------------------
 @functools.cache
 def _sentence_splitter():
-    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+    from nltk.tokenize.punkt import _ORTHO_BEG_UC, _ORTHO_MID_LC, _ORTHO_MID_UC, PunktParameters, PunktSentenceTokenizer
 
     params = PunktParameters()
-    params.abbrev_types = set(ABBREVIATIONS)
+    params.abbrev_types = set(ABBREVIATIONS) | set(INITIAL_ABBREVIATIONS)
+    # Seen in lower case mid-sentence, and capitalised both at a sentence start and inside one (as common words
+    # are in a corpus with headlines). Punkt's initial rule (4.3) then keeps the sentence break before such a
+    # word; its abbreviation rule (4.2) still finds no evidence of a sentence start, so "Dr. The" is unchanged.
+    for word in LOWERCASE_WORDS:
+        params.add_ortho_context(word, _ORTHO_MID_LC | _ORTHO_MID_UC | _ORTHO_BEG_UC)
     return PunktSentenceTokenizer(params)
 
 

@@ -8,6 +8,11 @@ of golds and the thinking-block rule are ours:
   ``\\boxed`` are parsed as written;
 - the completion is parsed after its last ``</think>`` (:func:`~opdgrpo.verifiers.final_answer_text`), so a boxed
   answer inside the reasoning is not scored; a completion that opens ``<think>`` and never closes it has no answer;
+- extraction and comparison use math-verify's defaults: LaTeX *and* plain-expression targets for both sides (what
+  its README recommends for predictions), ``float_rounding=6``, ``strict=True``. So a bare number outside math
+  delimiters is read (``$``, ``5`` and ``$`` on three lines score against ``5``), where math-verify's own
+  LaTeX-only regression tests find nothing; every other case of tests/unit/test_official_math.py gets
+  math-verify's verdict;
 - math-verify bounds each parse and comparison with ``signal.alarm``, which only works in a process's main thread.
   :class:`MathVerifier` therefore scores in worker processes, or with ``workers: 0`` in the caller's main thread.
 
