@@ -11,6 +11,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+from math_cases import CASES
 from omegaconf import OmegaConf
 
 from opdgrpo.domains.base import heldout_overlap
@@ -171,7 +172,6 @@ def test_bad_source_names_the_key(mutate, needle):
 
 
 # -- the verifier --------------------------------------------------------------------------------------------
-from math_cases import CASES  # noqa: E402  (the unit tests score them one by one)
 
 
 def test_domain_score_in_process(domain):

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from math_cases import CASES
 from omegaconf import OmegaConf
 
 from opdgrpo.domains.hub_math import HubMathDomain, gold_string, strip_dapo_wrapper
@@ -57,7 +58,6 @@ def test_gold_strings_and_dapo_wrapper():
 
 
 # -- the verifier --------------------------------------------------------------------------------------------
-from math_cases import CASES  # noqa: E402  (shared with the worker-pool test)
 
 
 @pytest.mark.parametrize("gold,completion,expected", CASES)
