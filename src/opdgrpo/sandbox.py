@@ -1214,9 +1214,8 @@ def _isolation(how: str, cgroup_env: str) -> dict[str, Any]:
             f"read = can(lambda: open({canary!r}, 'rb').close())\n"
             f"wrote = can(lambda: open({os.path.join(where, 'written')!r}, 'w').close())\n"
             "caps = [line.split()[1] for line in open('/proc/self/status') if line.startswith('CapEff:')]\n"
-            "try:\n    uid_map = [line.split() for line in open('/proc/self/uid_map')]\nexcept OSError:\n    uid_map = []\n"
             "print(json.dumps({'pid': os.getpid(), 'ifaces': [n for _, n in socket.if_nameindex()], 'read': read,"
-            " 'wrote': wrote, 'uid': os.getuid(), 'uid_map': uid_map, 'caps': caps[0] if caps else '0'}))\n"
+            " 'wrote': wrote, 'uid': os.getuid(), 'caps': caps[0] if caps else '0'}))\n"
         )
         result = run_python(probe, timeout_s=30.0, namespaces=how != "none")
     finally:
@@ -1231,12 +1230,10 @@ def _isolation(how: str, cgroup_env: str) -> dict[str, Any]:
     if seen is None:
         info["notes"] = [f"the probe run failed ({result.status}): {result.stderr.strip()[-300:]}"]
         return info
+    # The uid the program has outside any user namespace: the same number as inside, by construction (no user
+    # namespace as root; bwrap and the unshare launcher map the caller's uid to itself otherwise). Its own
+    # uid_map cannot say more: bwrap --disable-userns nests a second user namespace.
     uid = seen["uid"]
-    for row in seen["uid_map"]:
-        inside, outside, count = (int(v) for v in row)
-        if inside <= uid < inside + count:
-            uid = outside + uid - inside
-            break
     capabilities = int(seen["caps"], 16) != 0
     info.update(network=seen["ifaces"] == ["lo"], pid=seen["pid"] == 2, filesystem=not seen["wrote"], reads=not seen["read"],
                 unprivileged=uid != 0 and not capabilities, uid=uid)  # fmt: skip
@@ -1260,8 +1257,18 @@ def _isolation(how: str, cgroup_env: str) -> dict[str, Any]:
             notes.append("no network namespace: it has the caller's network")
     if not info["unprivileged"]:
         notes.append(f"it runs as uid {uid}" + (" with capabilities" if capabilities else " without capabilities"))
-    notes.append(cgroup_note if parent is not None else cgroup_note + "; memory is bounded per process (address space), "
-                 "processes by RLIMIT_NPROC" + (" of the run's own uid" if info["unprivileged"] and how == "bwrap" else ""))  # fmt: skip
+    if parent is None:
+        setup = _bwrap_setup() if how == "bwrap" else None
+        if setup is not None and setup.privileged:
+            processes = "by RLIMIT_NPROC of the run's own uid"
+        elif uid != 0:
+            processes = f"by RLIMIT_NPROC of uid {uid} (all of its processes count)"
+        elif how == "unshare" and info["pid"]:
+            processes = "by the PID namespace's pid_max on Linux >= 6.14, else by the wall clock only"
+        else:
+            processes = "by the wall clock only"
+        cgroup_note += f"; memory is bounded per process (address space), processes {processes}"
+    notes.append(cgroup_note)
     notes.append("no seccomp filter: every system call is available (not a defence against kernel exploits)")
     info["notes"] = notes
     return info
