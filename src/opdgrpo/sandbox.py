@@ -274,79 +274,26 @@ except BaseException as exc:
 """
 
 
-# The bubblewrap launcher (mechanism "bwrap"). It joins the run's cgroup, starts ``bwrap`` (argv from the caller,
-# with the write end of a status pipe in place of @STATUS_FD@) and waits: bwrap builds the sandbox root and runs
-# _BWRAP_INIT as PID 1 of the new PID namespace, which reports the program's wait status on the pipe. The launcher
-# then ends the way the program did (its exit code, or its signal), as the unshare launcher does.
-_BWRAP_LAUNCHER = r"""
-import json, os, signal, sys
-
-ERR = 2
-
-def fail(message):
-    os.write(ERR, ("opdgrpo-sandbox: launcher failed: " + message + "\n").encode())
-    os._exit(125)
-
-def detach_stdio():
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    os.close(devnull)
-
-def main():
-    global ERR
-    spec = json.loads(sys.argv[1])
-    if spec["cgroup"]:
-        try:
-            with open(os.path.join(spec["cgroup"], "cgroup.procs"), "w") as fh:
-                fh.write(str(os.getpid()))
-        except OSError as exc:
-            fail("cannot join cgroup %s: %s" % (spec["cgroup"], exc))
-    read_end, write_end = os.pipe()
-    os.set_inheritable(write_end, True)
-    argv = [str(write_end) if a == "@STATUS_FD@" else a for a in spec["argv"]]
-    ERR = os.dup(2)  # not inherited: our own messages once stdio is detached
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.execv(argv[0], argv)
-        except OSError as exc:
-            fail("cannot run %s: %s" % (argv[0], exc))
-        finally:
-            os._exit(125)
-    os.close(write_end)
-    detach_stdio()  # only the sandbox keeps the pipes: EOF means it is done
-    data = b""
-    while True:
-        chunk = os.read(read_end, 64)
-        if not chunk:
-            break
-        data += chunk
-    status = os.waitpid(pid, 0)[1]
-    if not data:
-        fail("bwrap ended (%s) before the program did" % os.waitstatus_to_exitcode(status))
-    status = int(data)
-    if os.WIFSIGNALED(status):  # die the same way, so the caller sees the program's signal
-        sig = os.WTERMSIG(status)
-        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
-            signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
-        os._exit(128 + sig)
-    os._exit(os.waitstatus_to_exitcode(status))
-
+# Mechanism "bwrap" with a cgroup: join the run's cgroup (argv[1]), then become bwrap (argv[2:]), so that bwrap and
+# everything in the sandbox start inside it. Without a cgroup the caller starts bwrap itself.
+_JOIN_CGROUP = r"""
+import os, sys
 try:
-    main()
-except SystemExit:
-    raise
-except BaseException as exc:
-    fail(repr(exc))
+    with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as fh:
+        fh.write(str(os.getpid()))
+    os.execv(sys.argv[2], sys.argv[2:])
+except OSError as exc:
+    os.write(2, ("opdgrpo-sandbox: launcher failed: %s\n" % exc).encode())
+    os._exit(125)
 """
 
 # PID 1 of the bwrap sandbox, started by bwrap once the sandbox root is built (the mounts are final). As root
 # (bwrap run by root, no user namespace) it first drops to the run's own unprivileged uid and gid: it holds only
 # CAP_SETUID and CAP_SETGID (bwrap dropped every other capability and set no_new_privs), and setresuid() to a
 # non-zero uid clears those too. Then it sets the rlimits, forks the program (PID 2) and reaps until the program
-# ends; when PID 1 exits the kernel kills whatever is left in the namespace.
+# ends, writes the program's wait status to the status pipe the caller passed down (bwrap's own exit code would
+# say 128 + n for both a signal n and an exit code 128 + n), and exits; the kernel then kills whatever is left in
+# the namespace.
 _BWRAP_INIT = r"""
 import os, resource, sys
 
@@ -502,6 +449,7 @@ def _run(
     workdir = tempfile.mkdtemp(prefix="opdgrpo-sandbox-")
     proc: subprocess.Popen | None = None
     cgroup: _RunCgroup | None = None
+    status_read = status_write = -1
     try:
         fd = os.open(os.path.join(workdir, _SCRIPT), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         with open(fd, "w", encoding="utf-8", errors="replace") as fh:
@@ -513,7 +461,8 @@ def _run(
         limits = (memory_mb << 20, cpu, file_mb << 20, open_files)
         if how == "bwrap":
             assert setup is not None
-            argv = _bwrap_command(setup, workdir, limits, processes, work_mb or max(4 * file_mb, 32), cgroup_path)
+            status_read, status_write = os.pipe()  # PID 1 reports the program's wait status on it
+            argv = _bwrap_command(setup, workdir, limits, processes, work_mb or max(4 * file_mb, 32), cgroup_path, status_write)
         else:
             argv = [
                 sys.executable, "-I", "-S", "-c", _LAUNCHER, *map(str, limits),
@@ -529,10 +478,15 @@ def _run(
                 env=_child_env(workdir),
                 start_new_session=True,  # own session and process group, killed as one
                 close_fds=True,
+                pass_fds=(status_write,) if status_write >= 0 else (),
             )
         except OSError as exc:
             log.warning("sandbox could not start: %s", exc)
             return SandboxResult("sandbox", "", f"could not start sandbox: {exc}", None, time.monotonic() - start)
+        finally:
+            if status_write >= 0:
+                os.close(status_write)
+                status_write = -1
         data = stdin.encode("utf-8", errors="replace")
         reason, out, err = _communicate(proc, data, start + timeout_s, max_output_bytes, idle_timeout_s)
         _kill_group(proc.pid)  # before reaping, so the group id cannot have been reused
@@ -541,6 +495,14 @@ def _run(
         cgroup = None
         stdout = out.decode("utf-8", errors="replace")
         stderr = err.decode("utf-8", errors="replace")
+        if status_read >= 0:  # bwrap: the program's own status, as PID 1 saw it
+            reported = _read_status(status_read)
+            if reported is not None:
+                returncode = os.waitstatus_to_exitcode(reported)
+            elif reason is None:  # the program never ran (bwrap or PID 1 failed)
+                returncode = _LAUNCHER_FAILED
+                stderr = stderr if "opdgrpo-sandbox: launcher failed" in stderr else stderr + (
+                    f"opdgrpo-sandbox: launcher failed: bwrap exited {proc.returncode} before the program did\n")
         status = reason or _classify(returncode, stderr)
         if oom and status in ("signal", "error"):
             status = "memory"
@@ -560,7 +522,25 @@ def _run(
                         pass
         if cgroup is not None:
             cgroup.finish()
+        for fd in (status_read, status_write):
+            if fd >= 0:
+                os.close(fd)
         _remove_tree(workdir)
+
+
+def _read_status(fd: int) -> int | None:
+    """The wait status PID 1 wrote (the sandbox is gone, so everything written is there), or None."""
+    os.set_blocking(fd, False)
+    data = b""
+    try:
+        while chunk := os.read(fd, 64):
+            data += chunk
+    except BlockingIOError:  # a writer was killed before it could close: what is there is all there is
+        pass
+    try:
+        return int(data)
+    except ValueError:
+        return None
 
 
 def _child_env(workdir: str) -> dict[str, str]:
@@ -915,8 +895,8 @@ def _shared_libraries(files: list[str]) -> list[str] | None:
 
 
 def _bwrap_command(setup: _BwrapSetup, workdir: str, limits: tuple[int, int, int, int], processes: int, work_mb: int,
-                   cgroup: str) -> list[str]:  # fmt: skip
-    """The launcher's command line for one run: bwrap's arguments, the rest of the root, PID 1's."""
+                   cgroup: str, status_fd: int) -> list[str]:  # fmt: skip
+    """The command line for one run: bwrap's arguments (the per-run rest of the root), PID 1's; behind a cgroup join."""
     if setup.privileged:
         uid = gid = _run_uid()
         nproc = processes + 2  # PID 1 and the program run as this uid, nothing else does
@@ -949,9 +929,9 @@ def _bwrap_command(setup: _BwrapSetup, workdir: str, limits: tuple[int, int, int
         "--chdir", workdir,
         "--remount-ro", "/",
         setup.executable, "-I", "-S", "-c", _BWRAP_INIT,
-        str(uid), str(gid), *map(str, limits), str(nproc), "@STATUS_FD@", _SCRIPT,
+        str(uid), str(gid), *map(str, limits), str(nproc), str(status_fd), _SCRIPT,
     ]  # fmt: skip
-    return [sys.executable, "-I", "-S", "-c", _BWRAP_LAUNCHER, json.dumps({"cgroup": cgroup, "argv": argv})]
+    return [sys.executable, "-I", "-S", "-c", _JOIN_CGROUP, cgroup, *argv] if cgroup else argv
 
 
 @functools.lru_cache(maxsize=1)
