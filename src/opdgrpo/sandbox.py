@@ -807,17 +807,27 @@ def _sandbox_root() -> tuple[str, tuple[str, ...], tuple[str, ...]]:
             trees = [(s, d) for s, d in trees if not _inside(d, dest)] + [(src, dest)]
     masks = [os.path.join(d, name) for s, d in trees if s in path_dirs for name in ("site-packages", "dist-packages")
              if os.path.isdir(os.path.join(d, name))]  # fmt: skip
-    modules = [os.path.join(root, name) for src in path_dirs for root, dirs, names in os.walk(src)
-               if not any(_inside(os.path.realpath(root), m) for m in masks) for name in names if ".so" in name]  # fmt: skip
-    libraries = _shared_libraries([executable] + modules)
-    if libraries is None:  # no ldd: the system's library directories whole
+    requested = _shared_libraries([executable])  # as the loader asks for them, /lib64/ld-linux-x86-64.so.2 first
+    loaded = _loaded_libraries(executable)  # every library the interpreter and all its extension modules map
+    if requested is None or loaded is None:  # no ldd or no /proc: the system's library directories whole
         for src in ("/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32"):
             if os.path.isdir(src):
                 dest = _place_dir(src, links, 0)
                 if not any(_inside(dest, d) for _, d in trees):
                     trees.append((src, dest))
-        libraries = []
-    files += libraries + [p for p in ("/etc/ld.so.cache",) if os.path.isfile(p)]
+    else:
+        real = {p for p in loaded if ".so" in os.path.basename(p) and os.path.isfile(p) and p != os.path.realpath(executable)}
+        for directory in sorted({os.path.dirname(p) for p in real}):  # the names the loader opens: sonames -> files
+            try:
+                entries = [e for e in os.scandir(directory) if e.is_symlink()]
+            except OSError:
+                continue
+            for entry in entries:
+                if os.path.realpath(entry.path) in real:
+                    links[entry.path] = os.readlink(entry.path)
+        files += sorted(real)
+        files += [p for p in requested if _place(p, links, 0) not in real and _place(p, {}, 0) not in links]
+    files += [p for p in ("/etc/ld.so.cache",) if os.path.isfile(p)]
     binds: list[tuple[str, str]] = []
     for src in dict.fromkeys(files):
         dest = _place(src, links, 0)
@@ -877,6 +887,33 @@ def _place_dir(path: str, links: dict[str, str], depth: int) -> str:
         links[placed] = target
         return _place_dir(os.path.join(os.path.dirname(placed), target), links, depth + 1)
     return placed
+
+
+_LOADED_LIBRARIES = r"""
+import importlib, json, os, sys
+for name in sorted({n.split(".")[0] for d in sys.path if os.path.isdir(d) for n in os.listdir(d) if ".so" in n}):
+    try:
+        importlib.import_module(name)
+    except BaseException:
+        pass
+with open("/proc/self/maps") as fh:
+    rows = [line.split(None, 5) for line in fh]
+sys.stdout.write("\n" + json.dumps(sorted({r[5].strip() for r in rows if len(r) == 6 and r[5].startswith("/")})) + "\n")
+"""
+
+
+def _loaded_libraries(executable: str) -> list[str] | None:
+    """The files ``executable -I -S`` maps once it has imported every extension module on its path (None if unknown).
+
+    The loader itself finds them (with ``ld.so.cache``, RPATHs and dlopen), in one process: faster than ``ldd`` on
+    every module and exact. The paths are real files (the kernel resolves links).
+    """
+    try:
+        out = subprocess.run([executable, "-I", "-S", "-c", _LOADED_LIBRARIES], capture_output=True, text=True,
+                             timeout=120, env=_ENV_FOR_PROBES, stdin=subprocess.DEVNULL)  # fmt: skip
+        return [p for p in json.loads(out.stdout.rsplit("\n", 2)[-2]) if isinstance(p, str)]
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
 
 
 def _shared_libraries(files: list[str]) -> list[str] | None:
