@@ -1213,11 +1213,12 @@ def isolation() -> dict[str, Any]:
     ``mechanism`` names what ran (``bwrap``, ``unshare``, ``none``; see :func:`mechanism`) and ``notes`` says, in
     sentences, how and what it leaves open. The result is a fresh dict; the probe runs once per mechanism.
     """
-    return copy.deepcopy(_isolation(mechanism(), os.environ.get(_CGROUP_ENV, "").strip()))
+    chosen = os.environ.get(_MECHANISM_ENV, "").strip().lower() not in ("", "auto")
+    return copy.deepcopy(_isolation(mechanism(), chosen, os.environ.get(_CGROUP_ENV, "").strip()))
 
 
 @functools.lru_cache(maxsize=None)
-def _isolation(how: str, cgroup_env: str) -> dict[str, Any]:
+def _isolation(how: str, chosen: bool, cgroup_env: str) -> dict[str, Any]:
     where = tempfile.mkdtemp(prefix="opdgrpo-isolation-")
     try:
         os.chmod(where, 0o777)  # writable and readable for every uid: only the sandbox can keep the program out
@@ -1265,7 +1266,6 @@ def _isolation(how: str, cgroup_env: str) -> dict[str, Any]:
                      "/etc/group, a minimal /dev, its own /proc, and tmpfs mounts for /tmp and the work dir"
                      + (" (size-limited)" if setup.tmpfs_size else " (bwrap < 0.7: no size limit)"))  # fmt: skip
     else:
-        chosen = os.environ.get(_MECHANISM_ENV, "").strip().lower() not in ("", "auto")
         notes.append(f"bwrap not used: {_MECHANISM_ENV}={how}" if chosen else f"no bwrap: {_bwrap_note()}")
         notes.append(f"reads are not confined: the program can read every file uid {uid} can read")
         if not info["pid"]:

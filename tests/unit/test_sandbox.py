@@ -229,6 +229,20 @@ def test_mechanism_is_chosen_by_the_environment(monkeypatch):
     assert mechanism() == ("bwrap" if sandbox._bwrap_setup() is not None else "unshare")
 
 
+def test_without_bwrap_the_unshare_launcher_runs_and_says_so(monkeypatch):
+    monkeypatch.setitem(sandbox._setup_cache, sys.executable, (None, "bwrap is not installed (a test says so)"))
+    monkeypatch.delenv("OPDGRPO_SANDBOX", raising=False)
+    assert mechanism() == "unshare"
+    r = run_python("print('fine')\n")
+    assert r.status == "ok" and r.stdout == "fine\n"
+    info = isolation()
+    assert info["mechanism"] == "unshare" and not info["reads"]
+    assert "no bwrap: bwrap is not installed (a test says so)" in info["notes"]
+    monkeypatch.setenv("OPDGRPO_SANDBOX", "bwrap")  # forced: every run says why it cannot
+    r = run_python("print('fine')\n")
+    assert r.status == "sandbox" and "not installed" in r.stderr and r.stdout == ""
+
+
 def test_program_killed_by_sigkill_reads_signal():
     r = run_python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
     assert (r.status, r.returncode) == ("signal", -9)
