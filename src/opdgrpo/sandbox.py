@@ -18,19 +18,20 @@ Why each piece is there:
 The confinement around that comes from one of three mechanisms (:func:`mechanism`; ``OPDGRPO_SANDBOX``
 forces one; :func:`isolation` measures what this machine gets):
 
-* ``bwrap`` (preferred; bubblewrap, Debian's ``bubblewrap`` package). A launcher starts ``bwrap``, which
-  builds a **sandbox root that holds only what the program needs**: read-only binds of the interpreter's
-  file, its standard library (any ``site-packages`` in it masked), the shared libraries those load,
-  ``ld.so.cache`` and the time zone database; stub ``/etc/passwd`` and ``/etc/group``; a minimal ``/dev``
-  (``null``, ``zero``, ``full``, ``random``, ``urandom``, ``tty``, ``pts``); its own ``/proc``; a tmpfs
-  ``/tmp`` and a tmpfs work dir (``work_mb`` each) holding a read-only ``main.py``. No home directory, no
-  ``/etc/shadow``, no project checkout, no other run's files, no ``/sys``. New PID, network, IPC, UTS and
-  cgroup namespaces. Our own PID 1 (``--as-pid-1``) runs the program as PID 2 and reports its wait status.
-  Run by root, bwrap uses no user namespace and leaves PID 1 only ``CAP_SETUID``/``CAP_SETGID``; PID 1
-  drops to a **uid of the run's own** (drawn per run from a range no one else uses; ``nobody`` where the
-  range is not mapped), which clears those too, then sets the rlimits, so RLIMIT_NPROC counts exactly the
-  run's processes. Run by another user, bwrap uses a user namespace and the program keeps that user's uid.
-  ``no_new_privs`` is set either way.
+* ``bwrap`` (preferred; bubblewrap, Debian's ``bubblewrap`` package). The caller starts ``bwrap`` (behind a
+  small launcher that first joins the run's cgroup, where there is one), which builds a **sandbox root that
+  holds only what the program needs**: read-only binds of the interpreter's file, its standard library (any
+  ``site-packages`` in it masked), the shared libraries those load, ``ld.so.cache`` and the time zone
+  database; stub ``/etc/passwd`` and ``/etc/group``; a minimal ``/dev`` (``null``, ``zero``, ``full``,
+  ``random``, ``urandom``, ``tty``, ``pts``); its own ``/proc``; a tmpfs ``/tmp`` and a tmpfs work dir
+  (``work_mb`` each) holding a read-only ``main.py``. No home directory, no ``/etc/shadow``, no project
+  checkout, no other run's files, no ``/sys``. New PID, network, IPC, UTS and cgroup namespaces. Our own
+  PID 1 (``--as-pid-1``) runs the program as PID 2 and reports its wait status on a pipe the caller passed
+  down. Run by root, bwrap uses no user namespace and leaves PID 1 only ``CAP_SETUID``/``CAP_SETGID``;
+  PID 1 drops to a **uid of the run's own** (drawn per run from a range no one else uses; ``nobody`` where
+  the range is not mapped), which clears those too, then sets the rlimits, so RLIMIT_NPROC counts exactly
+  the run's processes. Run by another user, bwrap uses a user namespace and the program keeps that user's
+  uid. ``no_new_privs`` is set either way.
 * ``unshare`` (the fallback without bwrap). A small launcher calls ``unshare`` for new mount, network and
   PID namespaces: every mount read-only except a bind mount of the work directory, a downed loopback, a
   tiny init as PID 1 with a fresh read-only ``/proc`` and, on Linux >= 6.14, the namespace's ``pid_max``
