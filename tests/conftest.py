@@ -54,3 +54,14 @@ def _restore_torch_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def fresh_numerics(monkeypatch):
+    """No fast-path decision carried over from another test, and ``OPDGRPO_FAST_PATHS`` unset."""
+    from opdgrpo import numerics
+
+    monkeypatch.delenv(numerics.ENV, raising=False)
+    numerics.reset()
+    yield
+    numerics.reset()

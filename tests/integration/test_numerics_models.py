@@ -20,13 +20,7 @@ from opdgrpo.models import autocast
 from opdgrpo.runio import read_jsonl
 from opdgrpo.sampling import sample
 
-
-@pytest.fixture(autouse=True)
-def _fresh_decisions(monkeypatch):
-    monkeypatch.delenv(numerics.ENV, raising=False)
-    numerics.reset()
-    yield
-    numerics.reset()
+pytestmark = pytest.mark.usefixtures("fresh_numerics")
 
 
 def test_fingerprint_is_the_same_in_another_process_and_sees_one_changed_bit(monkeypatch):

@@ -11,13 +11,7 @@ import torch
 from opdgrpo import inference, numerics
 from opdgrpo.models import autocast
 
-
-@pytest.fixture(autouse=True)
-def _fresh_decisions(monkeypatch):
-    monkeypatch.delenv(numerics.ENV, raising=False)
-    numerics.reset()
-    yield
-    numerics.reset()
+pytestmark = pytest.mark.usefixtures("fresh_numerics")
 
 
 def test_machine_names_the_cpu_and_its_vector_flags():

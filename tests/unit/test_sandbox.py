@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
+import subprocess
+import sys
+import sysconfig
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from proc_markers import survivors_after
 
-from opdgrpo.sandbox import SandboxResult, isolation, run_python
+import opdgrpo.sandbox as sandbox
+from opdgrpo.sandbox import MECHANISMS, SandboxResult, isolation, mechanism, run_python
+
+REPO = Path(__file__).resolve().parents[2]
 
 BOTH_MODES = pytest.mark.parametrize("namespaces", [True, False], ids=["ns", "no-ns"])
 
@@ -188,6 +197,188 @@ def test_safe_from_several_threads():
         assert r.status == "ok" and r.stdout == f"{i * 7}\n" and r.stderr == f"{i}\n"
 
 
-def test_isolation_probe_reports_booleans():
+def test_isolation_probe_reports_what_ran_and_what_it_confines():
     info = isolation()
-    assert set(info) == {"network", "pid", "filesystem"} and all(isinstance(v, bool) for v in info.values())
+    flags = {"network", "pid", "filesystem", "reads", "unprivileged", "cgroup", "memory_limit", "pids_limit"}
+    assert set(info) == flags | {"mechanism", "uid", "notes"}
+    assert all(isinstance(info[k], bool) for k in flags)
+    assert info["mechanism"] == mechanism() and info["mechanism"] in MECHANISMS
+    assert isinstance(info["uid"], int) and info["notes"] and all(isinstance(n, str) for n in info["notes"])
+    assert info["unprivileged"] == (info["uid"] != 0) or info["uid"] != 0  # uid 0 is never reported unprivileged
+    if info["mechanism"] == "bwrap":  # the sandbox root: reads and writes confined, own PID and network namespaces
+        assert info["reads"] and info["filesystem"] and info["pid"] and info["network"]
+    else:  # the fallbacks confine no reads, and say so
+        assert not info["reads"] and any("reads are not confined" in n for n in info["notes"])
+    if not info["cgroup"]:
+        assert any(n.startswith("no cgroup") for n in info["notes"])
+    info["notes"].append("changed")  # the caller gets a copy
+    assert "changed" not in isolation()["notes"]
+
+
+def test_mechanism_is_chosen_by_the_environment(monkeypatch):
+    monkeypatch.setenv("OPDGRPO_SANDBOX", "none")
+    assert mechanism() == "none"
+    r = run_python("import os\nprint(os.getpid() != 2)\n")
+    assert r.stdout == "True\n"
+    monkeypatch.setenv("OPDGRPO_SANDBOX", "unshare")
+    assert mechanism() == "unshare"
+    monkeypatch.setenv("OPDGRPO_SANDBOX", "chroot")
+    with pytest.raises(ValueError, match="OPDGRPO_SANDBOX"):
+        run_python("pass\n")
+    monkeypatch.setenv("OPDGRPO_SANDBOX", "auto")
+    assert mechanism() == ("bwrap" if sandbox._bwrap_setup() is not None else "unshare")
+
+
+def test_without_bwrap_the_unshare_launcher_runs_and_says_so(monkeypatch):
+    monkeypatch.setitem(sandbox._setup_cache, sys.executable, (None, "bwrap is not installed (a test says so)"))
+    monkeypatch.delenv("OPDGRPO_SANDBOX", raising=False)
+    assert mechanism() == "unshare"
+    r = run_python("print('fine')\n")
+    assert r.status == "ok" and r.stdout == "fine\n"
+    info = isolation()
+    assert info["mechanism"] == "unshare" and not info["reads"]
+    assert "no bwrap: bwrap is not installed (a test says so)" in info["notes"]
+    monkeypatch.setenv("OPDGRPO_SANDBOX", "bwrap")  # forced: every run says why it cannot
+    r = run_python("print('fine')\n")
+    assert r.status == "sandbox" and "not installed" in r.stderr and r.stdout == ""
+
+
+def test_program_killed_by_sigkill_reads_signal():
+    r = run_python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    assert (r.status, r.returncode) == ("signal", -9)
+
+
+# ---- the bwrap sandbox root, piece by piece -------------------------------------------------------------------------
+
+
+def test_symbolic_links_on_the_way_are_recorded_and_recreated(tmp_path):
+    (tmp_path / "usr" / "lib" / "x").mkdir(parents=True)
+    (tmp_path / "usr" / "lib" / "x" / "libfoo.so.1.2").write_text("elf")
+    (tmp_path / "usr" / "lib" / "x" / "libfoo.so.1").symlink_to("libfoo.so.1.2")
+    (tmp_path / "lib").symlink_to("usr/lib")
+    (tmp_path / "lib64").symlink_to(tmp_path / "lib")  # a link to a link, absolute
+    links: dict[str, str] = {}
+    dest = sandbox._place(str(tmp_path / "lib64" / "x" / "libfoo.so.1"), links, 0)
+    # bound at its directory's real place under its own name (bwrap follows the file's link for the source)
+    assert dest == str(tmp_path / "usr" / "lib" / "x" / "libfoo.so.1")
+    assert links == {str(tmp_path / "lib64"): str(tmp_path / "lib"), str(tmp_path / "lib"): "usr/lib"}
+    assert sandbox._place_dir(str(tmp_path / "lib"), {}, 0) == str(tmp_path / "usr" / "lib")
+    (tmp_path / "loop").symlink_to("loop")
+    with pytest.raises(ValueError, match="symbolic links"):
+        sandbox._place_dir(str(tmp_path / "loop" / "x"), {}, 0)
+
+
+def test_directories_above_destinations_are_made_0755_outside_bound_trees():
+    args = sandbox._directories(["/root/.pyenv/v/bin/python", "/root/.pyenv/v/lib/std/x", "/etc/passwd"], ["/root/.pyenv/v/lib/std"])
+    made = args[3::4]
+    assert made == ["/etc", "/root", "/root/.pyenv", "/root/.pyenv/v", "/root/.pyenv/v/bin", "/root/.pyenv/v/lib"]
+    assert args[0::4] == ["--perms"] * len(made) and args[1::4] == ["0755"] * len(made)
+
+
+def test_the_sandbox_root_binds_only_the_interpreter_and_what_it_loads():
+    setup = sandbox._bwrap_setup()
+    if setup is None:
+        pytest.skip(f"no bwrap here: {sandbox._bwrap_note()}")
+    wanted = subprocess.run([sys.executable, "-I", "-S", "-c", "import json, sys; print(json.dumps(sys.path))"],
+                            capture_output=True, text=True, check=True).stdout
+    import_path = [p for p in json.loads(wanted) if os.path.exists(p)]
+    tz = [p for p in str(sysconfig.get_config_var("TZPATH") or "").split(os.pathsep) if os.path.isdir(p)]
+    for path in setup.bound:
+        real = os.path.realpath(path)
+        assert (real == os.path.realpath(sys.executable) or path in import_path + tz or path == "/etc/ld.so.cache"
+                or re.search(r"\.so(\.[0-9.]+)?$", path)), f"{path} should not be in the sandbox root"
+        assert not real.startswith((str(REPO) + "/", os.path.realpath(sys.prefix) + "/", "/home/")), path
+    assert [p for p in import_path if p not in setup.bound and not any(p.startswith(b + "/") for b in setup.bound)] == []
+    assert setup.executable == os.path.realpath(sys.executable)  # a venv's own interpreter adds nothing under -S
+    masked = [setup.root_args[i + 1] for i, a in enumerate(setup.root_args) if a == "--tmpfs"]
+    assert all(m.endswith(("/site-packages", "/dist-packages")) for m in masked)
+
+
+# ---- cgroups --------------------------------------------------------------------------------------------------------
+
+
+def _fake_cgroup(path, controllers="memory pids", enabled="memory pids"):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "cgroup.controllers").write_text(controllers + "\n")
+    (path / "cgroup.subtree_control").write_text(enabled + "\n")
+    return path
+
+
+def test_a_run_cgroup_gets_the_limits_and_is_removed(tmp_path, monkeypatch):
+    parent = sandbox._CgroupParent(str(_fake_cgroup(tmp_path / "sandboxes")), frozenset({"memory", "pids"}))
+    made: list[str] = []
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *args):  # a cgroup directory comes with its control files
+        real_mkdir(path, *args)
+        made.append(path)
+        for name in ("memory.max", "memory.swap.max", "pids.max", "memory.events", "cgroup.procs", "cgroup.kill"):
+            with open(os.path.join(path, name), "w") as fh:
+                fh.write("oom_kill 1\n" if name == "memory.events" else "")
+
+    monkeypatch.setattr(sandbox.os, "mkdir", mkdir)
+    cgroup = sandbox._RunCgroup.create(parent, 300 << 20, 72)
+    assert cgroup is not None and made == [cgroup.path]
+    read = lambda name: open(os.path.join(cgroup.path, name)).read()  # noqa: E731
+    assert (read("memory.max"), read("memory.swap.max"), read("pids.max")) == (str(300 << 20), "0", "72")
+    removed = []
+    real_rmdir = os.rmdir
+
+    def rmdir(path, **kwargs):  # a cgroup directory goes with its control files
+        if path == cgroup.path:
+            removed.append(path)
+            for name in os.listdir(path):
+                os.unlink(os.path.join(path, name))
+        real_rmdir(path, **kwargs)
+
+    monkeypatch.setattr(sandbox.os, "rmdir", rmdir)
+    assert cgroup.finish() is True  # oom_kill 1: the caller reports "memory"
+    assert removed == [cgroup.path] and not os.path.exists(cgroup.path)
+
+
+def test_cgroup_parent_from_the_environment(tmp_path, monkeypatch):
+    sandbox._find_cgroup_parent.cache_clear()
+    try:
+        good = _fake_cgroup(tmp_path / "good")
+        monkeypatch.setenv("OPDGRPO_SANDBOX_CGROUP", str(good))
+        parent, note = sandbox._cgroup_parent()
+        assert parent == sandbox._CgroupParent(str(good), frozenset({"memory", "pids"}))
+        assert "memory.max and pids.max" in note
+        monkeypatch.setenv("OPDGRPO_SANDBOX_CGROUP", str(tmp_path / "not-a-cgroup"))
+        parent, note = sandbox._cgroup_parent()
+        assert parent is None and "not a cgroup v2 directory" in note
+        monkeypatch.setenv("OPDGRPO_SANDBOX_CGROUP", "off")
+        assert sandbox._cgroup_parent()[0] is None
+    finally:
+        sandbox._find_cgroup_parent.cache_clear()
+
+
+def test_runs_join_a_real_cgroup_and_are_killed_as_one(tmp_path, monkeypatch):
+    """On a writable cgroup v2 hierarchy (any controllers): each run joins its own cgroup, removed afterwards."""
+    own = sandbox._own_cgroup_dir()
+    if own is None or not os.access(own, os.W_OK) or os.geteuid() != 0:
+        pytest.skip("no writable cgroup v2 hierarchy here")
+    parent_dir = os.path.join(own, f"opdgrpo-test-{uuid.uuid4().hex[:8]}")
+    try:
+        os.mkdir(parent_dir)
+    except OSError as exc:
+        pytest.skip(f"cannot create a cgroup under {own}: {exc}")
+    sandbox._find_cgroup_parent.cache_clear()
+    try:
+        monkeypatch.setenv("OPDGRPO_SANDBOX_CGROUP", parent_dir)
+        src = "import os\nprint(open('/proc/self/cgroup').read().strip())\n"
+        r = run_python(src)
+        if r.status == "sandbox" and "cgroup.procs" in r.stderr:
+            pytest.skip(f"this machine's cgroup v2 does not let a process move into {parent_dir}: {r.stderr.strip()}")
+        assert r.status == "ok", r.stderr
+        runs = [d for d in os.listdir(parent_dir) if d.startswith("opdgrpo-")]
+        assert runs == []  # removed after the run
+        line = next(v for v in r.stdout.splitlines() if v.startswith("0::"))
+        assert line == "0::/" if mechanism() == "bwrap" else "/opdgrpo-" in line  # bwrap: its own cgroup namespace
+        r = run_python(src, namespaces=False)  # no cgroup namespace: the run's own cgroup, by name
+        line = next(v for v in r.stdout.splitlines() if v.startswith("0::"))
+        assert re.fullmatch(r"0::.*/opdgrpo-test-\w+/opdgrpo-\d+-\d+", line), r.stdout
+        assert [d for d in os.listdir(parent_dir) if d.startswith("opdgrpo-")] == []
+    finally:
+        sandbox._find_cgroup_parent.cache_clear()
+        sandbox._RunCgroup(parent_dir).finish()
