@@ -65,7 +65,8 @@ def tied(model: torch.nn.Module) -> bool:
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules that become FSDP units: those of the classes a Hugging Face model lists in ``_no_split_modules``."""
     names = set(getattr(model, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in names]
+    # by class or base class: a sharded layer is an ``FSDP<class>`` subclass of its class
+    layers = [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]
     if not layers:
         raise ValueError(f"{type(model).__name__}: no decoder layers to shard (no module of the classes in its "
                          f"`_no_split_modules`, {sorted(names)}); use `train.distributed: ddp`")
@@ -148,6 +149,10 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
              "param_groups": [{**group, "params": [names[int(i)] for i in group["params"]]}
                               for group in state["param_groups"]]}
     set_optimizer_state_dict(model, optimizer, named, options=StateDictOptions(full_state_dict=True))
+    for group in optimizer.param_groups:   # the loader hands tuples (AdamW's betas) back as lists
+        for key, value in group.items():
+            if key != "params" and isinstance(value, list):
+                group[key] = tuple(value)
 
 
 def clip_grad_norm_(model: torch.nn.Module, max_norm: float) -> torch.Tensor:

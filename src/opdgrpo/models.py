@@ -66,7 +66,11 @@ def enable_activation_checkpointing(model: PreTrainedModel) -> None:
     only, so sampling in eval mode is unchanged). The recompute repeats the forward's arithmetic, so results do not
     change; it costs one more forward per training step, which the FLOP ledger does not count (it counts the method's
     FLOPs, and MFU excludes recomputation by definition)."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):   # transformers >= 5.2x; the older name is deprecated
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def parameter_count(model: torch.nn.Module) -> int:

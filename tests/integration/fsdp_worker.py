@@ -1,7 +1,8 @@
 """Run by tests/integration/test_fsdp.py under torchrun (2 gloo processes): one FSDP2 update of a tiny tied Qwen3
-against the same update of an unsharded copy that every process computes over the whole batch.
+against the same update of an unsharded copy that every process computes over the whole batch (the sharded model
+recomputes its layers in the backward: activation checkpointing; the copy does not).
 
-Writes ``<out>/rank<r>.json`` with what the test checks: the shards' partial gradient norms, the global norm
+Writes ``<out>/rank<r>.json`` with what the test checks: how often each decoder layer ran, the shards' partial gradient norms, the global norm
 ``clip_grad_norm`` returned, the full gradient's norm, the clipped gradients' and updated weights' largest
 difference from the unsharded update, and the optimizer state's round trip through a checkpoint's layout.
 """
@@ -19,6 +20,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from opdgrpo import fsdp
 from opdgrpo.distributed import Workers
+from opdgrpo.models import enable_activation_checkpointing
 
 
 def _model() -> Qwen3ForCausalLM:
@@ -55,8 +57,7 @@ def _optimizer_round_trip(workers: Workers, saved: dict) -> float:
     again = workers.optimizer_state(model, optimizer)
     if not workers.is_main:
         return 0.0
-    as_lists = json.loads(json.dumps(saved["param_groups"]))   # DCP gives the betas back as a list
-    assert again["param_groups"] == as_lists, (again["param_groups"], saved["param_groups"])
+    assert again["param_groups"] == saved["param_groups"], (again["param_groups"], saved["param_groups"])
     return max(_max_diff(again["state"][i], saved["state"][i]) for i in saved["state"])
 
 
@@ -65,12 +66,18 @@ def main(out: Path) -> None:
     workers = Workers("fsdp", cpu=True, policy=fsdp.Policy(torch.float32, torch.float32))
     model = _model()
     reference = copy.deepcopy(model)
+    enable_activation_checkpointing(model)   # the sharded model recomputes its layers; the reference keeps activations
     model, optimizer = workers.prepare(model, _optimizer)
+    # Each layer's MLP runs inside the checkpointed forward (the layer's own hooks, FSDP's, stay outside it).
+    calls = [0] * len(fsdp.decoder_layers(model))
+    for i, layer in enumerate(fsdp.decoder_layers(model)):
+        layer.mlp.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
     reference_optimizer = _optimizer(reference.parameters())
     batch = torch.randint(0, 96, (4, 10), generator=torch.Generator().manual_seed(1))
     half = len(batch) // workers.world
     mine = batch[workers.rank * half: (workers.rank + 1) * half]
     (_loss(model, mine, len(batch)) * workers.world).backward()      # train.py's scaling: FSDP averages
+    layer_calls = list(calls)   # 2 each: the forward, and its recompute in the backward
     for rows in batch.split(half):
         _loss(reference, rows, len(batch)).backward()
 
@@ -96,7 +103,7 @@ def main(out: Path) -> None:
     result = {
         "rank": workers.rank, "partial_norms": partials, "full_norm": full_norm, "max_norm": max_norm,
         "clip_norm": float(norm), "norm_type": type(norm).__name__, "grad_diff": grad_diff, "weight_diff": weight_diff,
-        "tied": fsdp.tied(model), "replica_tied": replica_tied,
+        "tied": fsdp.tied(model), "layer_calls": layer_calls, "replica_tied": replica_tied,
         "update_size": _max_diff(dict(reference.named_parameters()), initial),
     }
     if workers.is_main:
