@@ -61,6 +61,29 @@ def _optimizer_round_trip(workers: Workers, saved: dict) -> float:
     return max(_max_diff(again["state"][i], saved["state"][i]) for i in saved["state"])
 
 
+def _mixed_precision(workers: Workers, batch: torch.Tensor) -> dict:
+    """The paper profile's policy (weights gathered in bfloat16, gradients reduced in float32) under bf16 autocast, as
+    train.py runs it, against one process's float32 weights under the same autocast: the dtypes the forward sees and
+    the master shards and gradients keep, and the gradients' relative error (norm of the difference over the norm)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = _model()
+    reference = copy.deepcopy(model)
+    fsdp.shard(model, init_device_mesh("cpu", (workers.world,)), fsdp.Policy(torch.bfloat16, torch.float32))
+    seen: list[torch.dtype] = []
+    fsdp.decoder_layers(model)[0].mlp.down_proj.register_forward_pre_hook(lambda m, _: seen.append(m.weight.dtype))
+    half = len(batch) // workers.world
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (_loss(model, batch[workers.rank * half: (workers.rank + 1) * half], len(batch)) * workers.world).backward()
+        for rows in batch.split(half):
+            _loss(reference, rows, len(batch)).backward()
+    difference = torch.cat([(_full(p.grad) - r.grad).flatten() for p, r in zip(model.parameters(), reference.parameters())])
+    size = torch.cat([r.grad.flatten() for r in reference.parameters()])
+    master = next(model.parameters())
+    return {"gathered_dtype": str(seen[0]), "master_dtype": str(master.dtype), "grad_dtype": str(master.grad.dtype),
+            "bf16_grad_relative_error": float(difference.norm() / size.norm())}
+
+
 def main(out: Path) -> None:
     torch.set_num_threads(1)
     workers = Workers("fsdp", cpu=True, policy=fsdp.Policy(torch.float32, torch.float32))
@@ -114,6 +137,7 @@ def main(out: Path) -> None:
         result["optimizer_keys_match"] = sorted(saved["state"]) == sorted(reference_state["state"])
         result["optimizer_diff"] = max(_max_diff(saved["state"][i], reference_state["state"][i]) for i in saved["state"])
     result["optimizer_round_trip_diff"] = _optimizer_round_trip(workers, saved)
+    result.update(_mixed_precision(workers, batch))
     (out / f"rank{workers.rank}.json").write_text(json.dumps(result, indent=1))
     workers.close()
 

@@ -20,6 +20,10 @@ What is pinned, and why these tolerances:
   ``clip_grad_norm`` returns 1.581 on both processes, and the clipped gradients and updated weights equal the
   unsharded ones clipped at the global norm (difference 0). The same update also shows activation checkpointing
   acting under FSDP2: each layer's MLP runs twice (forward and recompute), the unsharded copy's once.
+- the paper profile's mixed precision (``train.fsdp``: bfloat16 gathered weights, float32 reduction) under bf16
+  autocast: the forward sees bfloat16 weights, the master shards and gradients are float32, and the gradients differ
+  from one process's (float32 weights, the same autocast) by bfloat16 rounding where autocast keeps float32 (norm
+  and embedding weights, a tied weight's two gradient terms added before the reduction): measured relative error 7.0e-3 (norm of the difference over the norm), allowed 2e-2.
 - SIGTERM checkpoints the gathered model and optimizer state, and the rerun repeats the uninterrupted run exactly
   (bfloat16 gathered weights, the profile's default: the resumed run reads the same float32 master weights).
 - one process is the plain run under ``distributed: none``, ``ddp`` and ``fsdp``, and with activation checkpointing:
@@ -114,6 +118,11 @@ def test_fsdp_clips_by_the_global_norm_and_updates_as_one_process(tmp_path):
         assert rank["clip_norm"] == main["clip_norm"]
         assert rank["tied"] and rank["replica_tied"]
         assert rank["layer_calls"] == [2, 2]   # activation checkpointing acts: each layer recomputed in the backward
+        # the profile's policy: the forward sees bfloat16 weights, the shards and their gradients stay float32, and the
+        # gradients are the one-process bf16-autocast gradients to bfloat16's precision (unit roundoff 3.9e-3)
+        assert (rank["gathered_dtype"], rank["master_dtype"], rank["grad_dtype"]) == (
+            "torch.bfloat16", "torch.float32", "torch.float32")
+        assert rank["bf16_grad_relative_error"] < 2e-2
         # clipped gradients (about 1) and updated weights (a step of about lr = 1e-2) as the unsharded update
         assert rank["grad_diff"] <= 1e-6 and rank["weight_diff"] <= 1e-7 < main["update_size"]
     assert main["checkpoint_left_out"] == ["lm_head.weight"] and main["checkpoint_diff"] <= 1e-7
