@@ -23,7 +23,8 @@ What is pinned, and why these tolerances:
 - the paper profile's mixed precision (``train.fsdp``: bfloat16 gathered weights, float32 reduction) under bf16
   autocast: the forward sees bfloat16 weights, the master shards and gradients are float32, and the gradients differ
   from one process's (float32 weights, the same autocast) by bfloat16 rounding where autocast keeps float32 (norm
-  and embedding weights, a tied weight's two gradient terms added before the reduction): measured relative error 7.0e-3 (norm of the difference over the norm), allowed 2e-2.
+  and embedding weights, a tied weight's two gradient terms added before the reduction): measured relative error
+  7.0e-3 (norm of the difference over the norm), allowed 2e-2.
 - SIGTERM checkpoints the gathered model and optimizer state, and the rerun repeats the uninterrupted run exactly
   (bfloat16 gathered weights, the profile's default: the resumed run reads the same float32 master weights).
 - one process is the plain run under ``distributed: none``, ``ddp`` and ``fsdp``, and with activation checkpointing:
