@@ -19,8 +19,14 @@ What is gathered when. Training forward: each layer's weights just before the la
 Backward: each layer's weights again, then its gradient is reduce-scattered. Sampling (rollouts, evaluation) runs
 outside the wrapper on a plain replica (:func:`sampling_replica`) refreshed before each sampling phase with one
 all-gather per parameter (:func:`refresh`): processes then sample different numbers of tokens and batches with no
-collective inside ``generate``. Checkpoints: the full model and optimizer state, gathered onto the main process's CPU
-(:func:`full_model_state`, :func:`full_optimizer_state`).
+collective inside ``generate``. The replica costs ``param_dtype`` bytes per parameter on every process (8 GB for a
+4B student in bfloat16), against 16 bytes per parameter for unsharded float32 weights, gradients and Adam moments;
+an inference engine that holds its own copy would replace it. Checkpoints: the full model and optimizer state,
+gathered onto the main process's CPU (:func:`full_model_state`, :func:`full_optimizer_state`).
+
+Activation checkpointing (``train.activation_checkpointing``, :func:`opdgrpo.models.enable_activation_checkpointing`)
+wraps each decoder layer's ``forward`` inside FSDP's hooks: the layer's weights, gathered again for its backward,
+serve the recompute too (tests/integration/fsdp_worker.py counts the recomputes).
 """
 
 from __future__ import annotations
