@@ -136,8 +136,8 @@ def _parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
 
 def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The full optimizer state on the main process's CPU (``{}`` on the others), laid out as one process's
-    ``optimizer.state_dict()`` (parameters numbered in order), so a checkpoint resumes under any strategy and any
-    number of processes."""
+    ``optimizer.state_dict()`` (parameters numbered in order), so a checkpoint resumes on any number of processes
+    (tests/integration/fsdp_worker.py: the same keys and tensors as the unsharded optimizer's state)."""
     full = get_optimizer_state_dict(model, optimizer, options=FULL_ON_MAIN)
     if not full:
         return {}
