@@ -39,8 +39,10 @@ def config_hash(cfg: dict[str, Any]) -> str:
 
 #: Keys of ``train`` that change no step of a run: what happens after a non-finite step (a run stopped by one is the
 #: same run under either setting up to that step: switching to ``skip`` after a stop resumes the run instead of
-#: starting it over) and where its numbers are also sent (``report_to``). They stay out of the run's identity.
-NOT_IDENTITY_KEYS = ("nonfinite", "max_nonfinite_skips", "report_to")
+#: starting it over), where its numbers are also sent (``report_to``) and whether activations are recomputed in the
+#: backward (``activation_checkpointing``: the same arithmetic, tests/integration/test_fsdp.py). They stay out of the
+#: run's identity.
+NOT_IDENTITY_KEYS = ("nonfinite", "max_nonfinite_skips", "report_to", "activation_checkpointing")
 
 
 def upstream_fingerprint(cfg: dict[str, Any]) -> dict[str, str]:

@@ -1,105 +1,133 @@
-"""One run across several processes (one per GPU; or CPU processes with gloo in the tests), through ``accelerate``.
+"""One run across several processes (one per GPU; or CPU processes with gloo in the tests).
 
 The trainer stays one loop; this module is the few collective operations it needs. A run started by
 ``accelerate launch --num_processes N`` or ``torchrun --nproc_per_node N`` gets N workers; a plain ``python`` start
 gets one, and every collective is then the identity, so the single-process path computes exactly what it did before
-this module existed.
+this module existed, whatever ``train.distributed`` says.
 
 How a step is split (see ``opdgrpo.train``): the step's prompts are cut into ``train.micro_batches`` shards (default:
 one per process). Shard ``s`` is sampled with its own generator seeded by (seed, step, s), and worker ``r`` takes the
 shards ``s`` with ``s % N == r``, so what is sampled does not depend on how many processes share the work. Losses
-are normalised by the *global* token (or sequence) count, and each worker's loss is scaled by N before DDP averages
-the gradients: the update equals the single-process update over the same shards, with gradient accumulation over
-the shards a worker holds.
+are normalised by the *global* token (or sequence) count, and each worker's loss is scaled by N before DDP's
+all-reduce (or FSDP's reduce-scatter) averages the gradients: the update equals the single-process update over the
+same shards, with gradient accumulation over the shards a worker holds.
+
+``train.distributed: ddp`` replicates the student (accelerate's DDP); ``fsdp`` shards it with FSDP2
+(:mod:`opdgrpo.fsdp`: weights, gradients and optimizer state, per decoder layer); ``none`` refuses several processes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from . import schema
+from . import fsdp, schema
+
+log = logging.getLogger("opdgrpo.distributed")
 
 
 class Workers:
-    """The processes of one run: rank, world size, device, and the collectives the trainer uses."""
+    """The processes of one run: rank, world size, device, how the trained model is shared, and the collectives the
+    trainer uses.
 
-    def __init__(self, strategy: str = "ddp", cpu: bool | None = None):
+    ``strategy`` (``train.distributed``): ``none`` (one process only), ``ddp`` (replicas; accelerate's DDP) or ``fsdp``
+    (FSDP2 shards, :mod:`opdgrpo.fsdp`). One process trains the plain model under every strategy."""
+
+    def __init__(self, strategy: str = "ddp", cpu: bool | None = None, policy: fsdp.Policy | None = None):
         if strategy not in schema.allowed("train", "distributed"):
             raise ValueError(f"config key `train.distributed` must be one of {list(schema.allowed('train', 'distributed'))}, "
                              f"got {strategy!r}")
+        started = int(os.environ.get("WORLD_SIZE", "1"))
+        if strategy == "none" and started > 1:
+            raise ValueError(f"config key `train.distributed: none` trains in one process, but {started} were started; "
+                             "use `ddp` or `fsdp`, or start one process")
         from accelerate import Accelerator
-        from accelerate.utils import FullyShardedDataParallelPlugin
 
-        use_cpu = (not torch.cuda.is_available()) if cpu is None else cpu
-        plugin = None
-        # FSDP only where there is something to shard over, and only on GPUs (accelerate's FSDP needs an accelerator
-        # device; the CPU tests run DDP): one process trains the plain model either way.
-        if strategy == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            if use_cpu:
-                raise ValueError("config key `train.distributed: fsdp` needs GPUs; on CPU processes use `ddp`")
-            # Shard parameters, gradients and optimizer state over the processes (models that do not fit one GPU).
-            # use_orig_params keeps parameter names, so the checkpoint is a plain Hugging Face state dict.
-            plugin = FullyShardedDataParallelPlugin(fsdp_version=1, use_orig_params=True, sync_module_states=True,
-                                                    state_dict_type="FULL_STATE_DICT", cpu_ram_efficient_loading=False)
-        self.accelerator = Accelerator(cpu=use_cpu, fsdp_plugin=plugin)
+        # accelerate starts the process group (gloo on CPU, NCCL on GPUs), picks the device and wraps DDP; FSDP2 is
+        # applied here directly (accelerate's FSDP plugin refuses CPU processes).
+        self.accelerator = Accelerator(cpu=(not torch.cuda.is_available()) if cpu is None else cpu)
         self.strategy = strategy
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
         self.device = self.accelerator.device
         self.is_main = self.accelerator.is_main_process
+        self.sharded = strategy == "fsdp" and self.world > 1
+        self.policy = policy or fsdp.Policy()
+        self._replica: torch.nn.Module | None = None   # FSDP: the plain model that samples
+
+    @classmethod
+    def from_config(cls, train: Mapping[str, Any]) -> "Workers":
+        """``train.distributed`` (default ``ddp``) and ``train.fsdp`` (read only under ``fsdp``: said if set otherwise,
+        e.g. the paper profile with ``train.distributed=ddp``)."""
+        strategy = str(train.get("distributed", "ddp"))
+        if train.get("fsdp") and strategy != "fsdp":
+            log.warning("config key `train.fsdp` is ignored: `train.distributed` is %r, not 'fsdp'", strategy)
+        return cls(strategy, policy=fsdp.Policy.from_config(train))
 
     @property
     def distributed(self) -> bool:
         return self.world > 1
 
     # -- models ---------------------------------------------------------------------------------------
-    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None):
-        """Wrap the trained model (DDP or FSDP) and its optimizer; a single process gets them back on its device."""
-        if optimizer is None:
-            return self.accelerator.prepare(model)
-        return self.accelerator.prepare(model, optimizer)
+    def prepare(self, model: torch.nn.Module, make_optimizer: Callable[[Iterator[torch.nn.Parameter]], torch.optim.Optimizer]
+                ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """The model wrapped for the processes and its optimizer, built over what each process trains: the whole
+        model (one process, DDP) or this process's shards (FSDP, so the optimizer state is sharded too)."""
+        if not self.sharded:
+            return self.accelerator.prepare(model, make_optimizer(model.parameters()))
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self._replica = fsdp.sampling_replica(model, self.policy.param_dtype)
+        fsdp.shard(model, init_device_mesh(self.device.type, (self.world,)), self.policy)
+        return model, make_optimizer(model.parameters())
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        return self.accelerator.unwrap_model(model)
+        """The model itself (FSDP2 shards in place: the sharded model is the Hugging Face model)."""
+        return model if self.sharded else self.accelerator.unwrap_model(model)
 
     @contextlib.contextmanager
     def full_params(self, model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-        """The model with all its parameters present, for sampling outside the wrapper's forward (FSDP gathers them)."""
-        if self.strategy == "fsdp" and self.distributed:
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-            with FSDP.summon_full_params(model, writeback=False, recurse=True):
-                yield model.module
+        """A model with all its parameters present, for sampling outside the wrapper's forward. FSDP: the replica,
+        refreshed from the shards (a collective: every process enters at the same point)."""
+        if self.sharded:
+            fsdp.refresh(self._replica, model)
+            yield self._replica
         else:
             yield self.unwrap(model)
 
     def no_sync(self, model: torch.nn.Module, skip: bool):
-        """Skip the gradient all-reduce of this backward (``skip``: more local shards follow)."""
-        return self.accelerator.no_sync(model) if skip and self.distributed else contextlib.nullcontext()
+        """Skip the gradient all-reduce of this backward (``skip``: more local shards follow). FSDP reduce-scatters
+        after every backward (see :mod:`opdgrpo.fsdp`)."""
+        if not skip or not self.distributed or self.sharded:
+            return contextlib.nullcontext()
+        return self.accelerator.no_sync(model)
+
+    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+        """Clip the gradients to ``max_norm`` by their global norm and return that norm (the same on every process)."""
+        if self.sharded:
+            return fsdp.clip_grad_norm_(model, max_norm)
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
     def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """The full model state (gathered on every process under FSDP), for a Hugging Face checkpoint."""
+        """The full model state, for a Hugging Face checkpoint (FSDP: a collective; the main process gets it)."""
+        if self.sharded:
+            return fsdp.full_model_state(model)
         return self.accelerator.get_state_dict(model, unwrap=True)
 
     def optimizer_state(self, model: torch.nn.Module, optimizer) -> dict[str, Any] | None:
-        """The full optimizer state under FSDP (a collective; keyed by parameter name); None: use ``state_dict()``."""
-        if self.strategy == "fsdp" and self.distributed:
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-            return FSDP.optim_state_dict(model, getattr(optimizer, "optimizer", optimizer))
-        return None
+        """The full optimizer state under FSDP (a collective; one process's layout, on the main process); None: use
+        ``state_dict()``."""
+        return fsdp.full_optimizer_state(model, optimizer) if self.sharded else None
 
     def load_optimizer_state(self, model: torch.nn.Module, optimizer, state: dict[str, Any]) -> None:
-        if self.strategy == "fsdp" and self.distributed:
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-            inner = getattr(optimizer, "optimizer", optimizer)
-            state = FSDP.optim_state_dict_to_load(model, inner, state)
-        optimizer.load_state_dict(state)
+        if self.sharded:
+            fsdp.load_optimizer_state(model, optimizer, state)
+        else:
+            optimizer.load_state_dict(state)
 
     # -- collectives (identity on one process) ---------------------------------------------------------
     def sum(self, values: Sequence[float]) -> list[float]:

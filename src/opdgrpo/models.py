@@ -60,5 +60,18 @@ def autocast(precision: str, device_type: str = "cpu"):
     return torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """``train.activation_checkpointing``: keep only each decoder layer's input in the training forward and recompute
+    the layer in the backward (non-reentrant ``torch.utils.checkpoint``, through transformers' switch; training mode
+    only, so sampling in eval mode is unchanged). The recompute repeats the forward's arithmetic, so results do not
+    change; it costs one more forward per training step, which the FLOP ledger does not count (it counts the method's
+    FLOPs, and MFU excludes recomputation by definition)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):   # transformers >= 5.2x; the older name is deprecated
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def parameter_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

@@ -41,7 +41,7 @@ from .domains import Task, build_domain
 from .evaluation import evaluate, heldout_for
 from .inference import FrozenForward
 from .losses import aggregation_count
-from .models import autocast, load_model, parameter_count
+from .models import autocast, enable_activation_checkpointing, load_model, parameter_count
 from .objectives import Objective, Shard, build_objective, position_ids
 from .peak import matmul_dtype, matmul_peak, mfu_summary
 from .progress import Progress, clock
@@ -154,7 +154,7 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     from .guards import check_run_inputs, run_dir_lock
 
     check_run_inputs(cfg)
-    workers = Workers(str(cfg["train"].get("distributed", "ddp")))
+    workers = Workers.from_config(cfg["train"])
     try:
         # The main process owns the run directory; the others only read checkpoints it wrote.
         with run_dir_lock(Path(run_dir)) if workers.is_main else contextlib.nullcontext():
@@ -267,12 +267,11 @@ def _fixed_logprobs(run: Run, shards: list[Shard], stats: StepStats, guard: Guar
     old_policy = run.settings["updates_per_batch"] * run.settings["minibatches"] > 1
     if not old_policy and run.reference is None:
         return
-    with torch.no_grad(), run.workers.full_params(run.model) as policy, \
-            autocast(run.settings["precision"], run.workers.device.type):
+    with torch.no_grad(), autocast(run.settings["precision"], run.workers.device.type):
         for shard in shards:
             attn, keep = shard.attention_mask, shard.new_tokens + 1
-            if old_policy:   # the policy as it sampled: the same forward as the first update's, in the same mode
-                logits = policy(input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
+            if old_policy:   # the trained model as it sampled (DDP or FSDP too): the first update's own forward
+                logits = run.model(input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
                                 logits_to_keep=keep).logits[:, :-1]
                 stats.flops["old_policy"] += _student_flops(run, shard)
                 logits = guard.check(logits, "student_logits", "old-policy logits")
@@ -343,9 +342,9 @@ def _forward_and_loss(run: Run, shard: Shard, normalizer: float | None, guard: G
 
 
 def _update(run: Run, step: int, where: str) -> torch.Tensor:
-    """Clip to ``method.grad_clip`` and step (skipped if the gradients are not finite; the norm is the same on
-    every process)."""
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), float(run.cfg["method"]["grad_clip"]))
+    """Clip to ``method.grad_clip`` by the global gradient norm and step (skipped if the gradients are not finite;
+    the norm is the same on every process, sharded or not)."""
+    grad_norm = run.workers.clip_grad_norm(run.model, float(run.cfg["method"]["grad_clip"]))
     check_finite(grad_norm, "gradients", where, label="gradient norm")
     run.optimizer.step()
     faults.kill_point("update", step)
@@ -393,7 +392,8 @@ def _evaluate(run: Run, step: int) -> dict[str, Any]:
 
 
 def _checkpoint(run: Run, done_steps: int) -> None:
-    """Collectives under FSDP (every process takes part); the main process writes."""
+    """Collectives under FSDP (every process takes part: the full model and optimizer state are gathered onto the
+    main process's CPU); the main process writes."""
     workers, t0 = run.workers, time.time()
     state_dict = workers.state_dict(run.model) if workers.distributed else None
     optimizer_state = workers.optimizer_state(run.model, run.optimizer)
@@ -487,14 +487,16 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
     attention = str(shared.get("attn_implementation", "eager"))
     student = load_model(checkpoint if state else cfg["student"]["path"], dtype=param_dtype,
                          attn_implementation=attention).to(workers.device)
+    if shared.get("activation_checkpointing"):
+        enable_activation_checkpointing(student)
     objective = build_objective(cfg["method"], _teachers(cfg, workers.device, attention), settings["precision"],
                                 temperature=float(shared["temperature"]))
     method = cfg["method"]
-    optimizer = torch.optim.AdamW(student.parameters(), lr=float(method["lr"]), betas=tuple(method["betas"]),
-                                  weight_decay=float(method["weight_decay"]))
     # The denominator of MFU, measured once per process before any step (never inside a step's wall time).
     peak = matmul_peak(matmul_dtype(settings["precision"], param_dtype), workers.device)
-    model, optimizer = workers.prepare(student, optimizer)   # DDP/FSDP wrapper when several processes share the run
+    # DDP replicas or FSDP shards when several processes share the run; the optimizer over what this process trains.
+    model, optimizer = workers.prepare(student, lambda params: torch.optim.AdamW(
+        params, lr=float(method["lr"]), betas=tuple(method["betas"]), weight_decay=float(method["weight_decay"])))
     run = Run(cfg, run_dir, workers, tokenizer, domains, pools, heldout, counts, PromptFormat.from_config(shared),
               student, model, optimizer, objective, identity, peak, subset, settings=settings,
               reference=_reference(cfg, workers.device, attention, param_dtype))

@@ -11,7 +11,6 @@ from opdgrpo import cost
 from opdgrpo.runio import read_jsonl
 from opdgrpo.train import train
 
-
 KNOBS = {"updates_per_batch": 2, "beta": 0.1}   # GRPO's extra passes: two updates (old_policy) and a reference
 
 

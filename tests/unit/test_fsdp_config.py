@@ -1,0 +1,69 @@
+"""``train.distributed``, ``train.fsdp`` and ``train.activation_checkpointing`` as configuration (the FSDP2 runs
+themselves: tests/integration/test_fsdp.py)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from opdgrpo import schema
+from opdgrpo.distributed import Workers
+from opdgrpo.fsdp import Policy, decoder_layers
+from opdgrpo.models import enable_activation_checkpointing
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_fsdp_policy_follows_precision_unless_set():
+    assert Policy.from_config({"precision": "bf16"}) == Policy(torch.bfloat16, torch.float32)
+    assert Policy.from_config({"precision": "fp32"}) == Policy(torch.float32, torch.float32)
+    assert Policy.from_config({"precision": "bf16", "fsdp": {"param_dtype": "float32", "reduce_dtype": "bfloat16"}}) \
+        == Policy(torch.float32, torch.bfloat16)
+    assert Policy.from_config({"precision": "bf16", "fsdp": {"param_dtype": None}}) == Policy(torch.bfloat16, torch.float32)
+
+
+def test_fsdp_schema_keys():
+    train = yaml.safe_load((ROOT / "conf" / "profile" / "paper.yaml").read_text())["train"]
+    schema.validate(train, "train")
+    assert train["distributed"] == "fsdp" and train["activation_checkpointing"] is True
+    schema.validate({**train, "distributed": "none", "fsdp": {"param_dtype": None}}, "train")
+    with pytest.raises(schema.SchemaError):
+        schema.validate({**train, "fsdp": {"reshard_after_forward": True}}, "train")   # no key that would do nothing
+    with pytest.raises(schema.SchemaError):
+        schema.validate({**train, "distributed": "fsdp1"}, "train")
+
+
+def test_fsdp_block_under_another_strategy_is_said(caplog):
+    with caplog.at_level(logging.WARNING, logger="opdgrpo.distributed"):
+        workers = Workers.from_config({"distributed": "ddp", "fsdp": {"param_dtype": "float32"}})
+    assert "`train.fsdp` is ignored" in caplog.text
+    assert not workers.sharded and workers.world == 1
+
+
+def test_fsdp_activation_checkpointing_recomputes_each_layer():
+    """The key acts: in training mode each decoder layer's body runs again in the backward; the gradients are the
+    same (eval-mode sampling is not checkpointed)."""
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=16)
+    plain = Qwen3ForCausalLM(config)
+    checkpointed = Qwen3ForCausalLM(config)
+    checkpointed.load_state_dict(plain.state_dict())
+    enable_activation_checkpointing(checkpointed)
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    counts = {}
+    for name, model in (("plain", plain), ("checkpointed", checkpointed)):
+        calls = [0]
+        for layer in decoder_layers(model):
+            layer.mlp.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        model.train()
+        model(input_ids=ids, labels=ids).loss.backward()
+        counts[name] = calls[0]
+    assert counts == {"plain": 2, "checkpointed": 4}
+    for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters()):
+        assert torch.equal(a.grad, b.grad), name
