@@ -47,6 +47,14 @@ def smoke_world(tmp_path_factory):
     return cfg, plan
 
 
+@pytest.fixture(scope="session")
+def knowing_student(smoke_world, tmp_path_factory) -> str:
+    """The smoke student pretrained until GRPO finds rewards (tests/learning.py), once per session."""
+    from learning import pretrain_knowing_student
+
+    return pretrain_knowing_student(smoke_world[1], tmp_path_factory.mktemp("knowing") / "student")
+
+
 @pytest.fixture(autouse=True)
 def _restore_torch_threads():
     """Tests (and the in-process train/pretrain calls they make) set torch's thread count; the thread count can choose

@@ -6,7 +6,10 @@ compute (the paper's EFLOP figures) can be sized before it is spent. Per step of
 
 * ``rollout``: the sampler's prefill over the left-padded prompt block, then one cached decode step per generated
   token for the rows still running (:mod:`opdgrpo.sampling` drops a row from the batch once it emits EOS);
-* ``train``: the student's forward + backward over the whole padded batch (prompt block + every decode position);
+* ``train``: the student's forward + backward over the whole padded batch (prompt block + every decode position),
+  once per pass over the batch (GRPO's ``updates_per_batch``; mini-batches split a pass, they do not add to it);
+* ``old_policy`` (GRPO with more than one update per batch): one gradient-free forward of the student over that batch;
+* ``reference`` (GRPO with ``beta > 0``): one forward of the reference (the initial student) over that batch;
 * ``teacher`` (OPD): one forward of each domain's teacher over its rows of that same padded batch.
 
 Evaluation FLOPs are not training FLOPs and are left out, as in the ledger. Lengths are config (``cost_model``,
@@ -29,7 +32,11 @@ from .config import ConfigError
 from .studies import REGISTRY
 
 UNITS = {"FLOP": 1.0, "GFLOP": 1e9, "TFLOP": 1e12, "PFLOP": 1e15, "EFLOP": 1e18}
-COMPONENTS = ("rollout", "train", "teacher")
+COMPONENTS = ("rollout", "train", "old_policy", "reference", "teacher")
+#: Components the runs table always shows; the others get a column when some run has them.
+SHOWN = ("rollout", "train", "teacher")
+#: The CSV's FLOP columns: every component, those added since the first three after them.
+CSV_ORDER = SHOWN + ("old_policy", "reference")
 
 #: Keys of a conf/model block that the FLOP formulas read (``vocab_size`` may instead come from the tokenizer).
 ARCH_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -171,14 +178,16 @@ def decode_flops(config: Any, rows: float, prompt_block: float, generated: float
 
 
 def step_flops(student: Any, rows: Mapping[str, int], lengths: Mapping[str, Lengths], max_new_tokens: float,
-               teachers: Mapping[str, Any] | None = None) -> dict[str, float]:
+               teachers: Mapping[str, Any] | None = None, passes: Mapping[str, Any] | None = None) -> dict[str, float]:
     """Predicted FLOPs of one training step, by component, as :func:`opdgrpo.train.train` books them.
 
     ``rows``: sequences per domain in the step's batch; ``lengths``: each domain's lengths; ``teachers``: the
-    teacher architecture per domain (OPD) or None (GRPO). The batch shares one prompt block (the longest domain's
-    padded prompt) and one decode length (the longest domain's padded response); each domain's rows stop after
-    their own mean number of generated tokens.
+    teacher architecture per domain (OPD) or None (GRPO); ``passes`` (:func:`method_passes`): the training passes
+    over the batch and whether an old-policy and a reference forward run (default: one pass, neither). The batch
+    shares one prompt block (the longest domain's padded prompt) and one decode length (the longest domain's padded
+    response); each domain's rows stop after their own mean number of generated tokens.
     """
+    passes = passes or {}
     live = {d: n for d, n in rows.items() if n > 0}
     if not live:
         return dict.fromkeys(COMPONENTS, 0.0)
@@ -189,9 +198,20 @@ def step_flops(student: Any, rows: Mapping[str, int], lengths: Mapping[str, Leng
     for d, n in live.items():
         rollout += decode_flops(student, n, prompt_block, min(generated_tokens(lengths[d], max_new_tokens), decode))
     seq, logits = prompt_block + decode, decode + 1
-    train = flop_formulas.train_flops(student, batch, seq, logits_positions=logits)
+    train = flop_formulas.train_flops(student, batch, seq, logits_positions=logits) * int(passes.get("updates", 1))
+    forward = flop_formulas.forward_flops(student, batch, seq, logits_positions=logits)
     teacher = sum(flop_formulas.forward_flops(teachers[d], n, seq, logits_positions=logits) for d, n in live.items()) if teachers else 0.0
-    return {"rollout": rollout, "train": train, "teacher": float(teacher)}
+    return {"rollout": rollout, "train": train, "old_policy": forward if passes.get("old_policy") else 0.0,
+            "reference": forward if passes.get("reference") else 0.0, "teacher": float(teacher)}
+
+
+def method_passes(method: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run's ``method`` block adds to a step beyond one training pass, as the trainer reads it: ``updates``
+    training passes over the batch, an ``old_policy`` forward when the batch gets more than one optimiser update,
+    a ``reference`` forward (of the initial student, so the student's shape) when ``beta > 0``."""
+    updates, minibatches = int(method.get("updates_per_batch", 1)), int(method.get("minibatches", 1))
+    return {"updates": updates, "old_policy": updates * minibatches > 1,
+            "reference": float(method.get("beta") or 0.0) > 0}
 
 
 # -- runs -------------------------------------------------------------------------------------------------------
@@ -264,7 +284,7 @@ def estimate_run(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], bloc
     if rc["method"]["name"] == "opd":
         teachers = {d: architecture(cfg, model_of(rc["teachers"][d]["from"], jobs)) for d in rows}
         teacher_names = {d: _display(rc["teachers"][d]["from"], jobs) for d in rows}
-    per_step = step_flops(student, rows, lengths, max_new, teachers)
+    per_step = step_flops(student, rows, lengths, max_new, teachers, method_passes(rc["method"]))
     steps = int(rc["method"]["steps"])
     batch = sum(rows.values())
     live = [d for d, n in rows.items() if n > 0]
@@ -417,11 +437,17 @@ def _num(x: float) -> str:
     return f"{x:.4g}"
 
 
+def shown_components(estimates: Sequence[RunEstimate]) -> list[str]:
+    """The runs table's FLOP columns: rollout, train, teacher, and old_policy / reference where some run has them."""
+    return [k for k in COMPONENTS if k in SHOWN or any(e.flops.get(k) for e in estimates)]
+
+
 def runs_table(estimates: Sequence[RunEstimate], unit: str = "EFLOP") -> str:
     scale = UNITS[unit]
     measured = any(e.measured for e in estimates)
+    shown = shown_components(estimates)
     head = ["run", "method", "student", "teacher(s)", "steps", "seq/step", "prompt (pad)", "response (pad)",
-            f"rollout {unit}", f"train {unit}", f"teacher {unit}", f"total {unit}"]
+            *(f"{k} {unit}" for k in shown), f"total {unit}"]
     if measured:
         head += [f"ledger {unit}", "pred / ledger"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -430,7 +456,7 @@ def runs_table(estimates: Sequence[RunEstimate], unit: str = "EFLOP") -> str:
         L = e.lengths
         cells = [e.run, e.method, e.student, teachers, str(e.steps), str(e.sequences_per_step),
                  f"{L.prompt:.1f} ({L.padded_prompt:.1f})", f"{L.response:.1f} ({L.padded_response:.1f})",
-                 *(_num(e.flops[k] / scale) for k in COMPONENTS), _num(e.total / scale)]
+                 *(_num(e.flops[k] / scale) for k in shown), _num(e.total / scale)]
         if measured:
             m = e.measured
             if not m:
@@ -470,12 +496,12 @@ def write_csv(path: Path, estimates: Sequence[RunEstimate]) -> None:
         w = csv.writer(handle)
         w.writerow(["run", "method", "studies", "student", "teachers", "train_domains", "steps", "sequences_per_step",
                     "prompt_tokens", "padded_prompt_tokens", "response_tokens", "padded_response_tokens",
-                    *(f"{k}_flops" for k in COMPONENTS), "total_flops", "ledger_steps", "ledger_flops"])
+                    *(f"{k}_flops" for k in CSV_ORDER), "total_flops", "ledger_steps", "ledger_flops"])
         for e in estimates:
             L = e.lengths
             w.writerow([e.run, e.method, ";".join(e.studies), e.student, ";".join(f"{d}={t}" for d, t in e.teachers.items()),
                         ";".join(e.domains), e.steps, e.sequences_per_step, L.prompt, L.padded_prompt, L.response,
-                        L.padded_response, *(e.flops[k] for k in COMPONENTS), e.total,
+                        L.padded_response, *(e.flops[k] for k in CSV_ORDER), e.total,
                         e.measured.get("steps", ""), e.measured.get("total", "")])
 
 

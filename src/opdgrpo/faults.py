@@ -4,8 +4,8 @@
 ``OPDGRPO_FAULT=nan_loss:1,nan_loss:2``. Kill points (:func:`kill_point`) SIGKILL the process, as an OOM killer or a
 preempted node would: ``rollout``, ``update``, ``eval``, ``checkpoint_write``, ``checkpoint_rename``. Poison points
 (:func:`poison`) are asked by the trainer whether to put a NaN into a tensor: ``nan_loss``, ``nan_logits``,
-``nan_teacher``, ``nan_reward``. ``step`` is the training step (for checkpoints: the step the checkpoint records;
-for ``eval``: the step the eval is logged at).
+``nan_teacher``, ``nan_reference``, ``nan_reward``. ``step`` is the training step (for checkpoints: the step the
+checkpoint records; for ``eval``: the step the eval is logged at).
 
 With the variable unset every call is one dictionary lookup; nothing else runs.
 """

@@ -87,20 +87,27 @@ def aggregation_count(mask: Tensor, aggregation: str) -> int:
 LOGSUMEXP_CHUNK_ELEMENTS = 1 << 24
 
 
-def _logsumexp_rows(logits: Tensor, dtype: torch.dtype) -> Tensor:
-    """``logsumexp`` over the vocabulary, a chunk of batch rows at a time.
+def _tempered(x: Tensor, temperature: float) -> Tensor:
+    """``x / temperature``, skipped at 1 (``x / 1.0`` is ``x`` bit for bit, and the pass costs a copy)."""
+    return x if temperature == 1.0 else x / temperature
+
+
+def _logsumexp_rows(logits: Tensor, dtype: torch.dtype, temperature: float = 1.0) -> Tensor:
+    """``logsumexp`` of ``logits / temperature`` over the vocabulary, a chunk of batch rows at a time.
 
     Upcasting a whole ``(B, T, V)`` bf16 tensor to float32 would double its memory (V is ~152k for Qwen3): a chunk
     holds at most :data:`LOGSUMEXP_CHUNK_ELEMENTS` floats, and at least one row. On small vocabularies one call
     covers the batch instead of one call (and one backward node) per row; each value is reduced exactly as before.
+    The temperature divides after the upcast (a bf16 quotient would round again).
     """
     rows = logits.shape[0]
     if rows == 0:
         return logits.new_zeros(logits.shape[:-1], dtype=dtype)
     per_chunk = max(1, LOGSUMEXP_CHUNK_ELEMENTS // max(1, logits[0].numel()))
     if per_chunk >= rows:
-        return torch.logsumexp(logits.to(dtype), dim=-1)
-    return torch.cat([torch.logsumexp(chunk.to(dtype), dim=-1) for chunk in logits.split(per_chunk)])
+        return torch.logsumexp(_tempered(logits.to(dtype), temperature), dim=-1)
+    return torch.cat([torch.logsumexp(_tempered(chunk.to(dtype), temperature), dim=-1)
+                      for chunk in logits.split(per_chunk)])
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -137,20 +144,24 @@ def group_advantages(rewards: Tensor, group_size: int, scale_by_std: bool = True
     return torch.where(identical, torch.zeros_like(centred), centred).reshape(-1)
 
 
-def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
-    """Log-probability of each target token: ``log_softmax(logits)[b, t, targets[b, t]]``, shape ``(B, T)``.
+def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """Log-probability of each target token: ``log_softmax(logits / temperature)[b, t, targets[b, t]]``, ``(B, T)``.
 
-    Computed as ``logit[target] - logsumexp(logits)`` in float32, a chunk of batch rows at a time, so a bf16 ``(B, T, V)``
-    tensor is never materialised in float32 as a whole (the same trick as TRL's ``selective_log_softmax``).
-    Differentiable with respect to ``logits``.
+    Computed as ``logit[target] / T - logsumexp(logits / T)`` in float32, a chunk of batch rows at a time, so a bf16
+    ``(B, T, V)`` tensor is never materialised in float32 as a whole (the same trick as TRL's
+    ``selective_log_softmax``). ``temperature`` is the one the tokens were sampled at (``train.temperature``), so
+    the log-probs are those of the distribution that drew them (TRL and verl divide the same way); at 1 nothing is
+    divided. Differentiable with respect to ``logits``.
     """
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
         raise ValueError(
             f"expected logits (B, T, V) and targets (B, T), got {tuple(logits.shape)} and {tuple(targets.shape)}"
         )
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
     dtype = _compute_dtype(logits)
-    picked = logits.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1).to(dtype)
-    return picked - _logsumexp_rows(logits, dtype)
+    picked = _tempered(logits.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1).to(dtype), temperature)
+    return picked - _logsumexp_rows(logits, dtype, temperature)
 
 
 def grpo_loss(
@@ -173,7 +184,9 @@ def grpo_loss(
 
     ``clip_eps_high`` defaults to ``clip_eps`` (symmetric PPO); a larger value is DAPO's "clip-higher".
     ``old_logprobs`` are those of the policy that sampled the rollouts; with one update per batch they equal
-    ``logprobs.detach()`` and the ratio is 1 (the gradient is still the policy gradient).
+    ``logprobs.detach()`` and the ratio is 1 (the gradient is still the policy gradient); with several updates per
+    batch (``method.updates_per_batch``, ``method.minibatches``) they come from a forward before the first update
+    and the ratio moves away from 1 as the policy does, which is when the clip acts.
 
     The reference KL is off by default (``beta = 0``, the paper's "GRPO adds nothing"). With ``beta > 0`` it is the
     k3 estimator ``exp(ref - logp) - (ref - logp) - 1`` (unbiased for KL(pi || ref), always >= 0).

@@ -1,10 +1,13 @@
 """What each method trains on a shard of rollouts: GRPO's clipped policy gradient or OPD's top-k reverse KL.
 
 Our own code, because the two objectives are the paper's subject (the loss arithmetic is in :mod:`opdgrpo.losses`).
-The trainer picks one objective per run (:func:`build_objective`) and calls the same two methods every shard, so
+The trainer picks one objective per run (:func:`build_objective`) and calls the same methods every shard, so
 the training loop has no branch on the method: ``loss(logits, shard, normalizer, check, flops)`` returns the loss
 and its metrics and adds what it computed beyond the student's passes to the step's ``flops`` (OPD's teacher
-forwards), and :attr:`Objective.scores_with_teachers` says whether teachers ran over the shard's tokens.
+forwards), :attr:`Objective.scores_with_teachers` says whether teachers ran over the shard's tokens, and
+``logprobs(logits, shard)`` turns logits of the shard's tokens into the log-probs the objective reads (the trainer
+calls it on the forwards it runs before the first update: the sampling policy's and the reference's, stored on the
+shard as :attr:`Shard.old_logprobs` and :attr:`Shard.ref_logprobs`).
 
 ``check(tensor, component, label)`` is the trainer's non-finite guard (fault injection and the NaN/inf check): an
 objective passes each intermediate it produces through it at the point it exists, and never decides itself what a
@@ -13,7 +16,7 @@ non-finite value means.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 import torch
@@ -36,10 +39,13 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Shard:
-    """One shard of a step: its prompts (each repeated per rollout) and their scored rollouts."""
+    """One shard of a step: its prompts (each repeated per rollout) and their scored rollouts; the log-probs of its
+    tokens that stay fixed over the step's updates, where the trainer computed them (``None`` otherwise)."""
 
     tasks: list[Task]
     scored: ScoredRollouts
+    old_logprobs: torch.Tensor | None = field(default=None, repr=False)   # the sampling policy's (B, T)
+    ref_logprobs: torch.Tensor | None = field(default=None, repr=False)   # the reference model's (B, T)
 
     @property
     def sequences(self) -> torch.Tensor:
@@ -73,27 +79,47 @@ class Objective(Protocol):
              flops: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
         """(loss, metrics) of one shard, given the student's logits over its response."""
 
+    def logprobs(self, logits: torch.Tensor, shard: Shard) -> torch.Tensor:
+        """``(B, T)`` log-probs of the shard's response tokens under ``logits``, as the objective reads them."""
+
 
 class GRPOObjective:
-    """Group-relative advantages of verifiable rewards, PPO-clipped surrogate (:func:`~opdgrpo.losses.grpo_loss`)."""
+    """Group-relative advantages of verifiable rewards, PPO-clipped surrogate (:func:`~opdgrpo.losses.grpo_loss`).
+
+    Log-probs are those of the sampling distribution: logits divided by ``temperature`` (``train.temperature``)
+    before the log-softmax, for the current policy, the old policy and the reference alike. The old policy's are
+    :attr:`Shard.old_logprobs` when the trainer computed them (several updates per batch), else the current ones
+    detached (one update per batch: the ratio is 1). ``beta > 0`` adds ``beta`` times the k3 estimate of
+    KL(policy || reference) per token, the reference's log-probs being :attr:`Shard.ref_logprobs`.
+    """
 
     name, scores_with_teachers = "grpo", False
 
-    def __init__(self, method: dict[str, Any]):
+    def __init__(self, method: dict[str, Any], temperature: float = 1.0):
         self.rollouts_per_prompt = int(method["group_size"])
         self.aggregation = str(method["aggregation"])
         self.scale_by_std = bool(method["scale_by_std"])
         self.clip_eps, self.clip_eps_high = float(method["clip_eps"]), method.get("clip_eps_high")
+        self.beta = float(method.get("beta") or 0.0)
+        self.temperature = float(temperature)
+
+    def logprobs(self, logits: torch.Tensor, shard: Shard) -> torch.Tensor:
+        return token_logprobs(logits, shard.targets, temperature=self.temperature)
 
     def loss(self, logits: torch.Tensor, shard: Shard, normalizer: float | None, check: Check,
              flops: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
         advantages = group_advantages(shard.scored.rewards, self.rollouts_per_prompt,
                                       scale_by_std=self.scale_by_std).to(logits.device)
-        logprobs = token_logprobs(logits, shard.targets)
+        logprobs = self.logprobs(logits, shard)
         # One optimiser step per batch: the sampling policy is the current one, so the old log-probabilities are
-        # these, detached (no extra forward, none counted).
-        return grpo_loss(logprobs, logprobs.detach(), advantages, shard.mask, clip_eps=self.clip_eps,
-                         clip_eps_high=self.clip_eps_high, aggregation=self.aggregation, normalizer=normalizer)
+        # these, detached (no extra forward, none counted). Several: the sampling policy's, computed before the
+        # first update (the ledger's ``old_policy``).
+        old = logprobs.detach() if shard.old_logprobs is None else shard.old_logprobs
+        if self.beta > 0 and shard.ref_logprobs is None:
+            raise ValueError("GRPO with beta > 0: the trainer computed no reference log-probs for this shard")
+        return grpo_loss(logprobs, old, advantages, shard.mask, clip_eps=self.clip_eps,
+                         clip_eps_high=self.clip_eps_high, aggregation=self.aggregation, normalizer=normalizer,
+                         ref_logprobs=shard.ref_logprobs if self.beta > 0 else None, beta=self.beta)
 
 
 class OPDObjective:
@@ -109,6 +135,11 @@ class OPDObjective:
         self.teachers = teachers                                   # domain -> model (one model may serve several)
         self.forwards = {id(t): FrozenForward(t) for t in teachers.values()}
         self.precision = precision
+
+    def logprobs(self, logits: torch.Tensor, shard: Shard) -> torch.Tensor:
+        """Untempered: OPD's loss compares the student's and the teachers' own distributions (docs/method.md, "OPD"),
+        whatever temperature sampled the states it is computed on."""
+        return token_logprobs(logits, shard.targets)
 
     def teacher_logits(self, logits: torch.Tensor, shard: Shard, check: Check, flops: dict[str, float]) -> torch.Tensor:
         """Every row's logits under its domain's teacher, over the positions ``logits`` covers (FLOPs counted as
@@ -135,7 +166,9 @@ class OPDObjective:
                                normalizer=normalizer)
 
 
-def build_objective(method: dict[str, Any], teachers: dict[str, torch.nn.Module], precision: str) -> Objective:
+def build_objective(method: dict[str, Any], teachers: dict[str, torch.nn.Module], precision: str,
+                    temperature: float = 1.0) -> Objective:
+    """The run's objective; ``temperature`` is the rollouts' (``train.temperature``), which GRPO's log-probs use."""
     if method["name"] == "grpo":
-        return GRPOObjective(method)
+        return GRPOObjective(method, temperature)
     return OPDObjective(method, teachers, precision)

@@ -1,5 +1,9 @@
 """One training step's totals: FLOPs by component, tokens by kind, loss, rewards, lengths and metrics.
 
+A step is one sampled batch, whatever the number of optimiser updates made on it (``method.updates_per_batch``
+passes over it, each in ``method.minibatches`` updates): its FLOPs are the sum of every pass, its tokens, rewards and
+lengths those of the batch (counted once), and its loss, metrics and gradient norm means over the updates.
+
 Each process accumulates its own shards; :meth:`StepStats.all_reduce` sums them over the processes (one collective,
 float64, so FLOP counts stay exact) and :meth:`StepStats.ledger_line` writes the step's line of the FLOP ledger
 (the ledger's keys are a contract: DESIGN.md, "The FLOP ledger").
@@ -15,30 +19,52 @@ import torch
 
 from .objectives import Shard
 
-#: Components of a step's training FLOPs, in the ledger's order. ``old_policy`` stays 0: one update per batch
-#: reuses the sampling policy's log-probabilities (see objectives.GRPOObjective).
+#: Components of a step's training FLOPs, in the ledger's order. ``old_policy``: the sampling policy's forward
+#: before the first update, when a batch gets several updates (else 0: one update per batch reuses the training
+#: forward's log-probabilities, see objectives.GRPOObjective).
 COMPONENTS = ("rollout", "train", "old_policy", "teacher")
+#: Components a run's ledger has only when it computes them: ``reference``, the frozen reference model's forward of
+#: GRPO with ``beta > 0`` (absent, not 0, elsewhere: the ledgers of runs without one stay what they were).
+OPTIONAL_COMPONENTS = ("reference",)
 TOKEN_KINDS = ("prompt", "completion", "rollout_computed", "train", "teacher")
+
+
+def components(reference: bool = False) -> tuple[str, ...]:
+    """The FLOP components of a run's ledger lines: :data:`COMPONENTS`, and ``reference`` if it loads one."""
+    return COMPONENTS + (OPTIONAL_COMPONENTS if reference else ())
 
 
 @dataclass
 class StepStats:
     flops: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COMPONENTS, 0.0))
     tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_KINDS, 0))
-    loss: float = 0.0          # summed over shards (each shard's loss is already normalised by the whole step)
+    loss: float = 0.0          # summed over shards and updates (each shard's loss normalised by its update's batch)
     reward: float = 0.0        # summed over sequences
     length: float = 0.0        # response tokens, summed over sequences
     sequences: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)   # summed over shards; the ledger has their mean
-    grad_norm: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)   # summed over shard losses; the ledger has their mean
+    grad_norm: float | None = None   # summed over updates (the same on every process); the ledger has their mean
+    updates: int = 0                 # optimiser updates made on the batch
     skipped: str | None = None   # the component that made a skipped step non-finite
 
-    def add_shard(self, shard: Shard, loss: torch.Tensor, metrics: dict[str, float], teachers: bool) -> None:
-        """A shard's contribution, after its backward."""
-        ro, batch, length = shard.scored.rollouts, shard.sequences.shape[0], shard.sequences.shape[1]
+    @classmethod
+    def of(cls, names: tuple[str, ...]) -> "StepStats":
+        """Empty totals with these FLOP components (:func:`components`)."""
+        return cls(flops=dict.fromkeys(names, 0.0))
+
+    def add_loss(self, loss: torch.Tensor, metrics: dict[str, float]) -> None:
+        """A shard's loss and metrics, after its backward (once per update the shard takes part in)."""
         self.loss += loss.item()
         for name, value in metrics.items():
             self.metrics[name] = self.metrics.get(name, 0.0) + value
+
+    def add_update(self, grad_norm: torch.Tensor) -> None:
+        self.grad_norm = (self.grad_norm or 0.0) + float(grad_norm)
+        self.updates += 1
+
+    def add_shard(self, shard: Shard, teachers: bool) -> None:
+        """A shard's tokens, rewards and lengths (once per step, however many updates it takes part in)."""
+        ro, batch, length = shard.scored.rollouts, shard.sequences.shape[0], shard.sequences.shape[1]
         self.tokens["prompt"] += int(shard.attention_mask[:, : ro.prompt_len].sum())
         self.tokens["completion"] += int(shard.mask.sum())
         self.tokens["rollout_computed"] += int(ro.tokens_computed)
@@ -63,15 +89,18 @@ class StepStats:
             loss=scalars[0], reward=scalars[1], length=scalars[2], sequences=int(scalars[3]),
             metrics=dict(zip(metric_names, totals[len(kinds) + 4:])))
 
-    def ledger_line(self, step: int, cumulative: float, lr: float, wall: float, shards: int) -> dict[str, Any]:
-        """The step's ledger line (after :meth:`all_reduce`); ``cumulative`` includes this step."""
+    def ledger_line(self, step: int, cumulative: float, lr: float, wall: float, losses: int) -> dict[str, Any]:
+        """The step's ledger line (after :meth:`all_reduce`); ``cumulative`` includes this step; ``losses``: the
+        shard losses computed in the step over every process (shards x ``updates_per_batch``), whose metrics the
+        line averages. Loss and gradient norm are means over the updates."""
         step_flops = sum(self.flops.values())
         rate = {"lr": lr, "wall_s": round(wall, 3), "achieved_flops_per_s": step_flops / wall}
         if self.skipped:
             return {"step": step, "skipped": self.skipped, "flops": self.flops, "step_flops": step_flops,
                     "cumulative_flops": cumulative, **rate}
         return {"step": step, "tokens": self.tokens, "flops": self.flops, "step_flops": step_flops,
-                "cumulative_flops": cumulative, "reward": self.reward / self.sequences, "loss": self.loss,
-                "grad_norm": float(self.grad_norm), "mean_response_length": self.length / self.sequences,
-                "metrics": {n: v / shards for n, v in self.metrics.items()},   # mean over shards
+                "cumulative_flops": cumulative, "reward": self.reward / self.sequences,
+                "loss": self.loss / self.updates, "grad_norm": float(self.grad_norm) / self.updates,
+                "mean_response_length": self.length / self.sequences,
+                "metrics": {n: v / losses for n, v in self.metrics.items()},   # mean over shard losses
                 **rate}

@@ -1,12 +1,17 @@
 """The post-training loop shared by GRPO and OPD; :func:`_loop` and :func:`_step` read top to bottom.
 
-Each step: draw prompts -> the student samples rollouts, shard by shard, and the verifiers score them ->
-per shard: the student's training forward, the run's objective (GRPO's clipped policy gradient, or OPD's reverse KL
-to each prompt's domain teacher) and its backward -> clip and update -> one ledger line with the FLOPs of every
-component. Held-out avg@k at step 0, every ``eval_every`` steps and at the end; a checkpoint every
-``checkpoint_every`` steps. A rerun resumes from the newest checkpoint of the same run, dropping ledger and eval
-lines written after it, so no step is counted twice; everything random is seeded by (seed, step), so a resumed run
-repeats exactly what it would have done.
+Each step: draw prompts -> the student samples rollouts, shard by shard, and the verifiers score them -> the
+log-probs that stay fixed over the step's updates, without gradients (the sampling policy's when the batch gets
+several updates; a frozen reference model's when GRPO has a KL term) -> ``method.updates_per_batch`` passes over
+the batch, each cut into ``method.minibatches`` optimiser updates (both 1 by default: one update per batch); per
+update and shard: the student's training forward, the run's objective (GRPO's clipped policy gradient, or OPD's
+reverse KL to each prompt's domain teacher) and its backward, then clip and update -> one ledger line with the
+FLOPs of every component (one line per sampled batch, whatever the number of updates). Every update of a step uses
+the step's learning rate (``method.warmup_steps`` counts steps). Held-out avg@k at step 0, every ``eval_every``
+steps and at the end; a checkpoint every ``checkpoint_every`` steps. A rerun resumes from the newest checkpoint of
+the same run, dropping ledger and eval lines written after it, so no step is counted twice; everything random is
+seeded by (seed, step), so a resumed run repeats exactly
+what it would have done.
 
 Non-finite values (rewards, student logits, teacher logits, the loss, the gradient norm) are checked where each
 phase ends (:class:`Guard`); ``train.nonfinite`` says whether such a step stops the run (``stop``, the default; the
@@ -34,6 +39,7 @@ from .checkpoint import clear_run, restore_rng, resume_point, run_identity, save
 from .distributed import Workers
 from .domains import Task, build_domain
 from .evaluation import evaluate, heldout_for
+from .inference import FrozenForward
 from .losses import aggregation_count
 from .models import autocast, enable_activation_checkpointing, load_model, parameter_count
 from .objectives import Objective, Shard, build_objective, position_ids
@@ -41,7 +47,7 @@ from .peak import matmul_dtype, matmul_peak, mfu_summary
 from .progress import Progress, clock
 from .rollout import PromptFormat, sample_and_score
 from .runio import append_jsonl, keep_records, read_jsonl, write_json, write_yaml
-from .step_stats import StepStats
+from .step_stats import StepStats, components
 from .subsets import restrict_to_subset
 from .tokenizer import load_tokenizer
 from .tracking import Tracker
@@ -54,7 +60,8 @@ class Interrupted(RuntimeError):
 
 
 class NonFinite(FloatingPointError):
-    """A step produced NaN or inf in ``component`` (rewards, student_logits, teacher_logits, loss, gradients)."""
+    """A step produced NaN or inf in ``component`` (rewards, student_logits, teacher_logits, reference_logits,
+    loss, gradients)."""
 
     def __init__(self, message: str, component: str):
         super().__init__(message)
@@ -71,7 +78,8 @@ def check_finite(x: torch.Tensor, component: str, where: str, label: str | None 
 
 
 #: The test-only fault (:mod:`opdgrpo.faults`) that poisons each checked component.
-POISON = {"rewards": "nan_reward", "student_logits": "nan_logits", "teacher_logits": "nan_teacher", "loss": "nan_loss"}
+POISON = {"rewards": "nan_reward", "student_logits": "nan_logits", "teacher_logits": "nan_teacher",
+          "reference_logits": "nan_reference", "loss": "nan_loss"}
 
 
 class Guard:
@@ -124,6 +132,7 @@ class Run:
     settings: dict[str, Any] = field(default_factory=dict)
     progress: Progress | None = None   # lines in the job's log (main process)
     tracker: Tracker | None = None     # train.report_to (main process)
+    reference: FrozenForward | None = None   # GRPO's frozen reference model (beta > 0), else None
 
     @property
     def main(self) -> bool:
@@ -175,7 +184,8 @@ def _loop(run: Run) -> dict[str, Any]:
             stats = _step(run, step).all_reduce(run.workers)
             run.cumulative += sum(stats.flops.values())
             wall = max(time.time() - t0, 1e-9)
-            line = stats.ledger_line(step, run.cumulative, run.optimizer.param_groups[0]["lr"], wall, every["shards"])
+            line = stats.ledger_line(step, run.cumulative, run.optimizer.param_groups[0]["lr"], wall,
+                                     losses=every["shards"] * every["updates_per_batch"])
             if run.main:
                 append_jsonl(run.ledger, line)
                 run.tracker.step(line)
@@ -192,26 +202,19 @@ def _loop(run: Run) -> dict[str, Any]:
 
 
 def _step(run: Run, step: int) -> StepStats:
-    """One step on this process's shards: sample and score, forward/loss/backward per shard, update."""
+    """One step (one sampled batch) on this process's shards: sample and score; the log-probs fixed over the batch;
+    then per pass over the batch and mini-batch: forward/loss/backward per shard, update."""
     _set_lr(run, step)
-    stats, where = StepStats(), f"run {run.cfg['run_id']} step {step}"
+    stats, where = StepStats.of(run.settings["components"]), f"run {run.cfg['run_id']} step {step}"
     try:
         guard = Guard(run.workers, where, step)
         shards = _sample(run, step, stats, guard)                                   # 1. rollouts and rewards
         faults.kill_point("rollout", step)
         guard.agree()
-        normalizer = _normalizer(run, shards)
-        run.optimizer.zero_grad(set_to_none=True)
-        for i, shard in enumerate(shards):                                          # 2. forward, loss, backward
-            guard = Guard(run.workers, where, step)
-            with run.workers.no_sync(run.model, skip=i < len(shards) - 1):
-                loss, metrics = _forward_and_loss(run, shard, normalizer, guard, stats)
-                guard.agree()   # before the backward's all-reduce
-                # DDP averages the processes' gradients: scaled by their number, they add up instead.
-                (loss * run.workers.world if run.workers.distributed else loss).backward()
-            stats.flops["train"] += 2 * _student_flops(run, shard)                 # the backward
-            stats.add_shard(shard, loss, metrics, run.objective.scores_with_teachers)
-        stats.grad_norm = _update(run, step, where)                                 # 3. clip and update
+        _fixed_logprobs(run, shards, stats, Guard(run.workers, where, step))        # 2. old policy, reference
+        for epoch in range(run.settings["updates_per_batch"]):                      # 3. passes over the batch,
+            for minibatch in _minibatches(run, shards):                             #    one update per mini-batch
+                _train_minibatch(run, step, minibatch, stats, where, first_pass=epoch == 0)
         run.streak = 0
     except NonFinite as err:
         stats.skipped = _skip_or_stop(run, err)
@@ -257,9 +260,64 @@ def _sample(run: Run, step: int, stats: StepStats, guard: Guard) -> list[Shard]:
     return shards
 
 
+def _fixed_logprobs(run: Run, shards: list[Shard], stats: StepStats, guard: Guard) -> None:
+    """Before the first update, without gradients: each shard's log-probs under the sampling policy when the batch
+    gets more than one update (the PPO ratio's denominator; ledger ``old_policy``), and under the frozen reference
+    model when GRPO has a KL term (``beta > 0``; ledger ``reference``). Nothing with one update and no reference."""
+    old_policy = run.settings["updates_per_batch"] * run.settings["minibatches"] > 1
+    if not old_policy and run.reference is None:
+        return
+    with torch.no_grad(), autocast(run.settings["precision"], run.workers.device.type):
+        for shard in shards:
+            attn, keep = shard.attention_mask, shard.new_tokens + 1
+            if old_policy:   # the trained model as it sampled (DDP or FSDP too): the first update's own forward
+                logits = run.model(input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
+                                logits_to_keep=keep).logits[:, :-1]
+                stats.flops["old_policy"] += _student_flops(run, shard)
+                logits = guard.check(logits, "student_logits", "old-policy logits")
+                shard.old_logprobs = run.objective.logprobs(logits, shard)
+            if run.reference is not None:
+                logits = run.reference(shard.sequences, attn, position_ids(attn), logits_to_keep=keep)[:, :-1]
+                stats.flops["reference"] += flop_formulas.forward_flops(run.reference.model.config,
+                                                                        *shard.sequences.shape, logits_positions=keep)
+                logits = guard.check(logits, "reference_logits")
+                shard.ref_logprobs = run.objective.logprobs(logits, shard)
+    guard.agree()
+
+
+def _minibatches(run: Run, shards: list[Shard]) -> list[list[Shard]]:
+    """This process's shards by mini-batch: the step's shards cut into ``method.minibatches`` consecutive groups
+    (``_settings`` makes every group hold the same number of shards of every process)."""
+    per_minibatch = run.settings["shards"] // run.settings["minibatches"]
+    groups: list[list[Shard]] = [[] for _ in range(run.settings["minibatches"])]
+    for index, shard in zip(run.settings["mine"], shards):
+        groups[index // per_minibatch].append(shard)
+    return groups
+
+
+def _train_minibatch(run: Run, step: int, shards: list[Shard], stats: StepStats, where: str, first_pass: bool) -> None:
+    """One optimiser update: forward, loss and backward per shard (gradients accumulate), then clip and step.
+    The shards' tokens, rewards and lengths are counted on the first pass over the batch only."""
+    normalizer = _normalizer(run, shards)
+    run.optimizer.zero_grad(set_to_none=True)
+    for i, shard in enumerate(shards):
+        guard = Guard(run.workers, where, step)
+        with run.workers.no_sync(run.model, skip=i < len(shards) - 1):
+            loss, metrics = _forward_and_loss(run, shard, normalizer, guard, stats)
+            guard.agree()   # before the backward's all-reduce
+            # DDP averages the processes' gradients: scaled by their number, they add up instead.
+            (loss * run.workers.world if run.workers.distributed else loss).backward()
+        stats.flops["train"] += 2 * _student_flops(run, shard)                 # the backward
+        stats.add_loss(loss, metrics)
+        if first_pass:
+            stats.add_shard(shard, run.objective.scores_with_teachers)
+    stats.add_update(_update(run, step, where))                                 # clip and update
+
+
 def _normalizer(run: Run, shards: list[Shard]) -> float | None:
-    """The whole step's token (or sequence) count, so the shards' losses add up to the loss of one big batch."""
-    if run.settings["shards"] == 1:
+    """The whole update's token (or sequence) count (its mini-batch over every process), so the shards' losses
+    add up to the loss of one big batch; None when the update is one shard (its own count is the same)."""
+    if run.settings["shards"] == run.settings["minibatches"]:
         return None
     local = sum(aggregation_count(shard.mask, run.objective.aggregation) for shard in shards)
     return run.workers.sum([local])[0]
@@ -394,13 +452,18 @@ def _settings(cfg: dict[str, Any], workers: Workers) -> dict[str, Any]:
     shared = cfg["train"]   # checked against the train schema by check_run_inputs
     nonfinite, max_skips = str(shared.get("nonfinite", "stop")), int(shared.get("max_nonfinite_skips", 3))
     prompts_per_step = int(shared["prompts_per_step"])
-    shards = int(shared.get("micro_batches") or workers.world)
-    if shards % workers.world or prompts_per_step % shards:
+    method = cfg["method"]   # GRPO's knobs; 1 where the method has none (the schema refuses them for OPD)
+    updates, minibatches = int(method.get("updates_per_batch", 1)), int(method.get("minibatches", 1))
+    shards = int(shared.get("micro_batches") or workers.world * minibatches)
+    if shards % (workers.world * minibatches) or prompts_per_step % shards:
         raise ValueError(f"config key `train.micro_batches` ({shards}) must be a multiple of the number of processes "
-                         f"({workers.world}) and divide `train.prompts_per_step` ({prompts_per_step})")
-    return {"steps": int(cfg["method"]["steps"]), "eval_every": int(shared["eval_every"]),
+                         f"({workers.world}) times `method.minibatches` ({minibatches}) and divide "
+                         f"`train.prompts_per_step` ({prompts_per_step})")
+    return {"steps": int(method["steps"]), "eval_every": int(shared["eval_every"]),
             "checkpoint_every": int(shared["checkpoint_every"]), "precision": str(shared.get("precision", "fp32")),
             "nonfinite": nonfinite, "max_skips": max_skips, "prompts_per_step": prompts_per_step, "shards": shards,
+            "updates_per_batch": updates, "minibatches": minibatches,
+            "components": components(reference=float(method.get("beta") or 0.0) > 0),
             # this process's shards of every step
             "mine": [s for s in range(shards) if s % workers.world == workers.rank]}
 
@@ -426,7 +489,8 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
                          attn_implementation=attention).to(workers.device)
     if shared.get("activation_checkpointing"):
         enable_activation_checkpointing(student)
-    objective = build_objective(cfg["method"], _teachers(cfg, workers.device, attention), settings["precision"])
+    objective = build_objective(cfg["method"], _teachers(cfg, workers.device, attention), settings["precision"],
+                                temperature=float(shared["temperature"]))
     method = cfg["method"]
     # The denominator of MFU, measured once per process before any step (never inside a step's wall time).
     peak = matmul_peak(matmul_dtype(settings["precision"], param_dtype), workers.device)
@@ -434,7 +498,8 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
     model, optimizer = workers.prepare(student, lambda params: torch.optim.AdamW(
         params, lr=float(method["lr"]), betas=tuple(method["betas"]), weight_decay=float(method["weight_decay"])))
     run = Run(cfg, run_dir, workers, tokenizer, domains, pools, heldout, counts, PromptFormat.from_config(shared),
-              student, model, optimizer, objective, identity, peak, subset, settings=settings)
+              student, model, optimizer, objective, identity, peak, subset, settings=settings,
+              reference=_reference(cfg, workers.device, attention, param_dtype))
     if state:
         _resume(run, state)
     if run.main:
@@ -472,6 +537,15 @@ def _teachers(cfg: dict[str, Any], device: torch.device, attention: str) -> dict
             loaded[path] = load_model(path, dtype=dtype, trainable=False, attn_implementation=attention).eval().to(device)
         teachers[d] = loaded[path]
     return teachers
+
+
+def _reference(cfg: dict[str, Any], device: torch.device, attention: str, dtype: torch.dtype) -> FrozenForward | None:
+    """GRPO with ``beta > 0``: the frozen reference model, the run's initial student checkpoint (``student.path``,
+    also on resume), in the student's parameter dtype; forwarded without gradients. None otherwise."""
+    if float(cfg["method"].get("beta") or 0.0) <= 0:
+        return None
+    model = load_model(cfg["student"]["path"], dtype=dtype, trainable=False, attn_implementation=attention)
+    return FrozenForward(model.eval().to(device))
 
 
 def _resume(run: Run, state: dict[str, Any]) -> None:

@@ -11,9 +11,12 @@ from opdgrpo import cost
 from opdgrpo.runio import read_jsonl
 from opdgrpo.train import train
 
+KNOBS = {"updates_per_batch": 2, "beta": 0.1}   # GRPO's extra passes: two updates (old_policy) and a reference
 
-@pytest.mark.parametrize("run_id", ["grpo-student-math-s0", "opd-teacher_m-math-s0"])
-def test_prediction_matches_a_real_ledger(smoke_world, tmp_path, run_id):
+
+@pytest.mark.parametrize("run_id,method", [("grpo-student-math-s0", {}), ("grpo-student-math-s0", KNOBS),
+                                           ("opd-teacher_m-math-s0", {})], ids=["grpo", "grpo-knobs", "opd"])
+def test_prediction_matches_a_real_ledger(smoke_world, tmp_path, run_id, method):
     """Train a smoke run, measure its mean lengths from its ledger, and predict its cumulative FLOPs from them.
 
     The model counts one EOS per row, but the barely pretrained smoke student runs many rows to the 16-token cap,
@@ -27,7 +30,7 @@ def test_prediction_matches_a_real_ledger(smoke_world, tmp_path, run_id):
     cfg, plan = smoke_world
     job = plan.jobs[run_id]
     rc = copy.deepcopy(job.config)
-    rc["method"]["steps"] = 4
+    rc["method"].update(steps=4, **method)
     rc["run_id"] = f"{run_id}-cost"
     run_dir = tmp_path / "run"
     summary = train(rc, run_dir)
@@ -42,9 +45,10 @@ def test_prediction_matches_a_real_ledger(smoke_world, tmp_path, run_id):
     ledger = summary["flops_by_component"]
     seen = cost.read_measured(run_dir)              # what `flops estimate --measured` reads
     assert seen["steps"] == 4 and seen["total"] == pytest.approx(measured)
-    assert seen["flops"] == pytest.approx({k: ledger[k] for k in cost.COMPONENTS}) and ledger["old_policy"] == 0
+    assert seen["flops"] == pytest.approx({k: ledger.get(k, 0.0) for k in cost.COMPONENTS})
+    assert (ledger["old_policy"] > 0) == ("reference" in ledger) == bool(method)
     assert est.total == pytest.approx(measured, rel=0.01)
     assert est.flops["rollout"] == pytest.approx(ledger["rollout"], rel=0.01)
-    for component in ("train", "teacher"):
-        assert est.flops[component] == pytest.approx(ledger[component], rel=0.01, abs=1.0)
+    for component in ("train", "teacher", "old_policy", "reference"):
+        assert est.flops[component] == pytest.approx(ledger.get(component, 0.0), rel=0.01, abs=1.0)
     assert (ledger["teacher"] > 0) == (est.flops["teacher"] > 0) == run_id.startswith("opd")

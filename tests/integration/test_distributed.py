@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from learning import one_process_run_that_learns
 from safetensors.torch import load_file
 
 from opdgrpo.runio import read_jsonl
@@ -69,43 +70,20 @@ def _assert_same_steps(one: Path, two: Path) -> None:
 
 
 
-@pytest.fixture(scope="module")
-def knowing_student(smoke_world, tmp_path_factory) -> str:
-    """The smoke student pretrained 300 steps: it answers some knowledge questions, so GRPO has a reward signal."""
-    from opdgrpo.pretrain import pretrain
-
-    _, plan = smoke_world
-    job = copy.deepcopy(plan.jobs["base-student"].config)
-    job["model"]["pretrain"]["steps"] = 300
-    out = tmp_path_factory.mktemp("knowing") / "student"
-    pretrain(job, out)
-    return str(out / "checkpoint")
+#: GRPO's knobs across processes: two updates per batch in two mini-batches (each update over one shard per
+#: process; the old-policy forward on every process's shards) and a reference KL.
+KNOBS = {"updates_per_batch": 2, "minibatches": 2, "beta": 0.1}
 
 
-def _one_process_run_that_learns(cfg: dict, tmp_path: Path, seeds: int = 16) -> tuple[dict, Path]:
-    """The one-process reference run, at the first seed whose first step has a gradient.
-
-    A GRPO group whose sampled rewards are all equal has zero advantages; a step made only of such groups has zero
-    gradient, and two processes would "agree" with one without either updating anything. Which seed gives the first
-    step a reward signal depends on the machine's last bits (seed 0 gave none on two Intel Xeons), so the test looks
-    for one rather than assuming it; the second step then starts from updated weights in both runs.
-    """
-    for seed in range(seeds):
-        cfg = {**copy.deepcopy(cfg), "seed": seed}
-        one = tmp_path / f"one-seed{seed}"
-        train(copy.deepcopy(cfg), one)
-        if read_jsonl(one / "ledger.jsonl")[0]["grad_norm"] > 0:
-            return cfg, one
-    pytest.fail(f"none of seeds 0-{seeds - 1} gave the first step a gradient: the smoke student finds no reward signal")
-
-
-@pytest.mark.parametrize("method, shards", [("grpo", 2), ("opd", 2), ("grpo", 4)])
-def test_two_gloo_processes_equal_one_process(smoke_world, knowing_student, tmp_path, method, shards):
+@pytest.mark.parametrize("method, shards, knobs", [("grpo", 2, {}), ("opd", 2, {}), ("grpo", 4, {}), ("grpo", 4, KNOBS)],
+                         ids=["grpo-2", "opd-2", "grpo-4", "grpo-4-knobs"])
+def test_two_gloo_processes_equal_one_process(smoke_world, knowing_student, tmp_path, method, shards, knobs):
     _, plan = smoke_world
     run_id = "grpo-student-knowledge-s0" if method == "grpo" else "opd-teacher_m-math-s0"
     cfg = _config(plan, run_id, micro_batches=shards, precision="fp32", prompts_per_step=8)
+    cfg["method"].update(knobs)
     cfg["student"]["path"] = knowing_student
-    cfg, one = _one_process_run_that_learns(cfg, tmp_path)
+    cfg, one = one_process_run_that_learns(cfg, tmp_path)
     two = tmp_path / "two"
     done = launch(cfg, two, processes=2)
     assert done.returncode == 0, done.stderr[-3000:]

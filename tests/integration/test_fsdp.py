@@ -45,6 +45,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from learning import one_process_run_that_learns
 from safetensors.torch import load_file
 
 from opdgrpo.distributed import Workers
@@ -131,13 +132,22 @@ def test_fsdp_clips_by_the_global_norm_and_updates_as_one_process(tmp_path):
     assert main["optimizer_round_trip_diff"] == 0.0
 
 
-def test_fsdp_two_processes_equal_one_process(smoke_world, tmp_path):
-    """OPD (a gradient at every step), 4 shards (2 accumulated per process), float32 gathered weights, activation
-    checkpointing on: the same steps as one process with the plain model (tolerances: the module docstring)."""
+@pytest.mark.parametrize("method", ["opd", "grpo-knobs"])
+def test_fsdp_two_processes_equal_one_process(smoke_world, knowing_student, tmp_path, method):
+    """OPD (a gradient at every step), and GRPO with two updates per batch in two mini-batches and a reference KL
+    (from a student that finds rewards, at a seed whose first step has a gradient); 4 shards (2 accumulated per
+    process), float32 gathered weights, activation checkpointing on: the same steps as one process with the plain
+    model (tolerances: the module docstring)."""
     _, plan = smoke_world
-    cfg = _config(plan, "opd-teacher_m-math-s0", micro_batches=4, precision="fp32", prompts_per_step=8)
-    one = tmp_path / "one"
-    train(copy.deepcopy(cfg), one)
+    if method == "opd":
+        cfg = _config(plan, "opd-teacher_m-math-s0", micro_batches=4, precision="fp32", prompts_per_step=8)
+        one = tmp_path / "one"
+        train(copy.deepcopy(cfg), one)
+    else:
+        cfg = _config(plan, "grpo-student-knowledge-s0", micro_batches=4, precision="fp32", prompts_per_step=8)
+        cfg["method"].update(updates_per_batch=2, minibatches=2, beta=0.1)
+        cfg["student"]["path"] = knowing_student
+        cfg, one = one_process_run_that_learns(cfg, tmp_path)
     two = tmp_path / "two"
     fsdp_cfg = copy.deepcopy(cfg)
     fsdp_cfg["train"].update({"distributed": "fsdp", "fsdp": {"param_dtype": "float32"}, "activation_checkpointing": True})

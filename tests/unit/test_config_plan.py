@@ -57,6 +57,9 @@ def test_an_opd_edit_changes_only_opd_job_configs():
         ("methods.opd.lr=0", "methods.opd.lr"),
         ("methods.grpo.lr=-1e-4", "methods.grpo.lr"),
         ("methods.opd.top_k=100000", "methods.opd.top_k"),
+        ("methods.grpo.clip_eps_high=0.28", "methods.grpo.clip_eps_high"),   # acts only with several updates
+        ("methods.grpo.updates_per_batch=0", "methods.grpo.updates_per_batch"),
+        ("methods.grpo.beta=-0.1", "methods.grpo.beta"),
         ("train.eval.k=0", "train.eval.k"),
         ("seeds=[]", "seeds"),
         ("threads=two", "threads"),

@@ -156,3 +156,24 @@ def test_paper_solver_inverts_the_cost_model():
     assert sum(S.sequence_flops("qwen3_4b", "qwen3_32b", 256, 4096).values()) > per_seq
     assert sum(S.sequence_flops("qwen3_4b", "qwen3_8b", 256, 4096, 8192).values()) > per_seq
     assert "S1 OPD, 32B teacher" in S.paper_analysis()
+
+
+def test_grpo_knobs_add_their_passes_to_the_prediction(tmp_path):
+    """Two updates per batch: two training passes and one old-policy forward; beta > 0: one reference forward (the
+    student's shape); the table and CSV gain those columns only where some run has them."""
+    block = {"prompt_tokens": 9, "padded_prompt_tokens": 11, "response_tokens": 6, "padded_response_tokens": 12}
+    cfg, plan = smoke(tmp_path, "methods.grpo.updates_per_batch=2", "methods.grpo.beta=0.1", cost_model=block)
+    job = plan.jobs["grpo-student-math-s0"]
+    est = cost.estimate_run(cfg, job, plan.jobs)
+    s = qwen3(cfg, "student")
+    b = cfg["train"]["prompts_per_step"] * cfg["methods"]["grpo"]["group_size"]
+    steps = cfg["methods"]["grpo"]["steps"]
+    forward = F.forward_flops(s, b, 23, logits_positions=13)
+    assert est.flops["train"] == pytest.approx(steps * 2 * F.train_flops(s, b, 23, logits_positions=13), rel=1e-12)
+    assert est.flops["old_policy"] == pytest.approx(steps * forward, rel=1e-12)
+    assert est.flops["reference"] == pytest.approx(steps * forward, rel=1e-12)
+    assert "old_policy EFLOP" in cost.runs_table([est]) and "reference EFLOP" in cost.runs_table([est])
+    default_cfg, default_plan = smoke(tmp_path, cost_model=block)
+    plain = cost.estimate_run(default_cfg, default_plan.jobs["grpo-student-math-s0"], default_plan.jobs)
+    assert plain.flops["old_policy"] == plain.flops["reference"] == 0
+    assert "old_policy" not in cost.runs_table([plain])
