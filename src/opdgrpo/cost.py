@@ -165,16 +165,12 @@ def decode_flops(config: Any, rows: float, prompt_block: float, generated: float
     """Cached decode FLOPs of ``rows`` rows generating ``generated`` tokens each after a ``prompt_block`` prompt block.
 
     The first token comes from the prefill; token ``s + 1`` is one decode step against ``prompt_block + s``
-    positions (:func:`opdgrpo.flops.decode_step_flops`), for s = 1 .. generated - 1. That cost is affine in the
-    context, so the sum is closed-form: exact for integer lengths (it equals :func:`opdgrpo.flops.generate_flops`
-    minus the prefill) and the same polynomial between them, at any length in O(1).
+    positions (:func:`opdgrpo.flops.decode_step_flops`), for s = 1 .. generated - 1. The sum is closed-form
+    (:func:`opdgrpo.flops.decode_steps_flops`, piecewise in the context where layers have a sliding window):
+    exact for integer lengths (it equals :func:`opdgrpo.flops.generate_flops` minus the prefill) and the same
+    polynomial between them, at any length in O(1).
     """
-    steps = max(0.0, generated - 1.0)
-    if steps == 0 or rows == 0:
-        return 0.0
-    base = flop_formulas.decode_step_flops(config, rows, prompt_block)
-    slope = flop_formulas.decode_step_flops(config, rows, prompt_block + 1) - base
-    return steps * base + slope * steps * (steps + 1) / 2
+    return flop_formulas.decode_steps_flops(config, rows, prompt_block, max(0.0, generated - 1.0))
 
 
 def step_flops(student: Any, rows: Mapping[str, int], lengths: Mapping[str, Lengths], max_new_tokens: float,
