@@ -41,6 +41,8 @@ CSV_ORDER = SHOWN + ("old_policy", "reference")
 #: Keys of a conf/model block that the FLOP formulas read (``vocab_size`` may instead come from the tokenizer).
 ARCH_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
              "head_dim")
+#: Keys of sliding-window architectures (Olmo-3): which layers slide, and the window (absent: every layer is full).
+WINDOW_KEYS = ("layer_types", "sliding_window")
 
 #: The ``cost_model`` block's keys and their defaults (used where the block or a key is absent).
 LENGTH_KEYS = {
@@ -124,7 +126,8 @@ def generated_tokens(lengths: Lengths, max_new_tokens: float) -> float:
 
 # -- architectures ----------------------------------------------------------------------------------------------
 def architecture(cfg: Mapping[str, Any], model: str) -> SimpleNamespace:
-    """The FLOP formulas' view of ``cfg["models"][model]``: its Qwen3 shape keys and vocabulary size.
+    """The FLOP formulas' view of ``cfg["models"][model]``: its Qwen3 shape keys, its sliding-window layers if any
+    (Olmo-3's ``layer_types`` and ``sliding_window``), and vocabulary size.
 
     ``vocab_size`` comes from the model block (paper models) or else from ``tokenizer.vocab_size`` (tiny models
     are built on the tiny tokenizer); ``num_key_value_heads`` and ``head_dim`` default as in Qwen3Config.
@@ -141,7 +144,12 @@ def architecture(cfg: Mapping[str, Any], model: str) -> SimpleNamespace:
     vocab = block.get("vocab_size") or cfg.get("tokenizer", {}).get("vocab_size")
     if not vocab:
         raise ConfigError(f"neither `models.{model}.vocab_size` nor `tokenizer.vocab_size` is set: the LM head's cost needs it")
-    keys = {k: block[k] for k in ARCH_KEYS if block.get(k) is not None}
+    keys = {k: block[k] for k in ARCH_KEYS + WINDOW_KEYS if block.get(k) is not None}
+    if "layer_types" in keys and len(keys["layer_types"]) != int(block["num_hidden_layers"]):
+        raise ConfigError(f"config key `models.{model}.layer_types` has {len(keys['layer_types'])} entries for "
+                          f"{block['num_hidden_layers']} layers (`num_hidden_layers`)")
+    if "sliding_attention" in keys.get("layer_types", ()) and "sliding_window" not in keys:
+        raise ConfigError(f"config key `models.{model}.sliding_window` is missing: `layer_types` has sliding layers")
     return SimpleNamespace(**keys, vocab_size=int(vocab), tie_word_embeddings=bool(block.get("tie_word_embeddings", False)),
                            name=model)
 
@@ -165,16 +173,12 @@ def decode_flops(config: Any, rows: float, prompt_block: float, generated: float
     """Cached decode FLOPs of ``rows`` rows generating ``generated`` tokens each after a ``prompt_block`` prompt block.
 
     The first token comes from the prefill; token ``s + 1`` is one decode step against ``prompt_block + s``
-    positions (:func:`opdgrpo.flops.decode_step_flops`), for s = 1 .. generated - 1. That cost is affine in the
-    context, so the sum is closed-form: exact for integer lengths (it equals :func:`opdgrpo.flops.generate_flops`
-    minus the prefill) and the same polynomial between them, at any length in O(1).
+    positions (:func:`opdgrpo.flops.decode_step_flops`), for s = 1 .. generated - 1. The sum is closed-form
+    (:func:`opdgrpo.flops.decode_steps_flops`, piecewise in the context where layers have a sliding window):
+    exact for integer lengths (it equals :func:`opdgrpo.flops.generate_flops` minus the prefill) and the same
+    polynomial between them, at any length in O(1).
     """
-    steps = max(0.0, generated - 1.0)
-    if steps == 0 or rows == 0:
-        return 0.0
-    base = flop_formulas.decode_step_flops(config, rows, prompt_block)
-    slope = flop_formulas.decode_step_flops(config, rows, prompt_block + 1) - base
-    return steps * base + slope * steps * (steps + 1) / 2
+    return flop_formulas.decode_steps_flops(config, rows, prompt_block, max(0.0, generated - 1.0))
 
 
 def step_flops(student: Any, rows: Mapping[str, int], lengths: Mapping[str, Lengths], max_new_tokens: float,

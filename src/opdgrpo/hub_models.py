@@ -91,8 +91,8 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     domains = {d: build_domain(spec) for d, spec in cfg["domains"].items()}
     ev = cfg["pretrain"]["eval"]
     sampling = model_cfg.get("sampling") or {}
-    fmt = PromptFormat.from_config({**cfg.get("train", {}), **({"enable_thinking": sampling["enable_thinking"]}
-                                                               if "enable_thinking" in sampling else {})})
+    fmt = PromptFormat.from_config({**cfg.get("train", {}), **(model_cfg.get("prompt_format") or {}),   # its own family's
+                                    **({"enable_thinking": sampling["enable_thinking"]} if "enable_thinking" in sampling else {})})
     results, eval_flops = [], 0.0
     if ev.get("max_prompts") != 0:
         heldout = heldout_for(domains, sorted(domains), ev.get("max_prompts"))

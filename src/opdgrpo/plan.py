@@ -56,16 +56,40 @@ class Planner:
         self.studies: dict[str, dict[str, Any]] = {}
 
     # -- base stage ---------------------------------------------------------------------------
-    def tokenizer(self) -> Job:
-        if "tokenizer" not in self.jobs:
-            cfg = {"tokenizer": self.cfg["tokenizer"], "domains": self.cfg["domains"], "seed": 0}
-            self.jobs["tokenizer"] = Job("tokenizer", "tokenizer", f"{self.root}/base/tokenizer", cfg)
-        return self.jobs["tokenizer"]
+    def tokenizer(self, model: str | None = None) -> Job:
+        """The tokenizer job of ``model`` (None: the profile's ``tokenizer``). A model whose block names its own
+        ``tokenizer`` (Olmo-3's Dolma2 tokenizer next to the Qwen3 models') gets its own job; models with equal
+        specs share the job of the first of them, so a tokenizer is saved once."""
+        spec = self.tokenizer_spec(model)
+        owner = None if model is None or spec == self.cfg["tokenizer"] else next(
+            m for m in self.cfg["models"] if self.tokenizer_spec(m) == spec)
+        job_id = "tokenizer" if owner is None else f"tokenizer-{owner}"
+        if job_id not in self.jobs:
+            cfg = {"tokenizer": spec, "domains": self.cfg["domains"], "seed": 0}
+            self.jobs[job_id] = Job(job_id, "tokenizer", f"{self.root}/base/{job_id}", cfg, label=owner or "")
+        return self.jobs[job_id]
+
+    def tokenizer_spec(self, model: str | None) -> dict[str, Any]:
+        """``models.<model>.tokenizer`` where the block has one, else the profile's ``tokenizer``."""
+        own = self.cfg["models"][model].get("tokenizer") if model is not None else None
+        return dict(own) if own else dict(self.cfg["tokenizer"])
+
+    def prompt_format(self, model: str) -> dict[str, Any]:
+        """The prompt format runs of ``model`` use: ``train``'s keys, replaced by the model's ``prompt_format``."""
+        fmt = {k: self.cfg["train"][k] for k in ("chat_template", "enable_thinking", "stop_tokens") if k in self.cfg["train"]}
+        return {**fmt, **(self.cfg["models"][model].get("prompt_format") or {})}
+
+    def base_model(self, ref: str) -> str:
+        """The conf model behind ``base:<model>`` or ``run:<id>`` (that run's student, followed to its base)."""
+        kind, name = ref.split(":", 1)
+        while kind == "run":
+            kind, name = self.jobs[name].config["student"]["from"].split(":", 1)
+        return name
 
     def base(self, model: str) -> Job:
         job_id = f"base-{model}"
         if job_id not in self.jobs:
-            tok = self.tokenizer()
+            tok = self.tokenizer(model)
             cfg = {
                 "name": model,
                 "model": self.cfg["models"][model],
@@ -93,11 +117,21 @@ class Planner:
         train_cfg = copy.deepcopy(self.cfg["train"])
         train_cfg.update({k: v for k, v in (train_overrides or {}).items() if v is not None})
         student_entry, student_up = self._source(student)
-        upstream = [self.tokenizer().id, student_up]
+        student_model = self.base_model(student)
+        train_cfg.update({k: v for k, v in self.prompt_format(student_model).items() if k not in (train_overrides or {})})
+        tokenizer = self.tokenizer(student_model)
+        upstream = [tokenizer.id, student_up]
         teacher_entries = {}
         for domain, ref in (teachers or {}).items():
             teacher_entries[domain], up = self._source(ref)
             upstream.append(up)
+            teacher_model = self.base_model(ref)
+            if self.tokenizer_spec(teacher_model) != self.tokenizer_spec(student_model):
+                raise ConfigError(
+                    f"run {run_id}: teacher `{teacher_model}` and student `{student_model}` have different tokenizers "
+                    f"({self.tokenizer_spec(teacher_model).get('path')} vs {self.tokenizer_spec(student_model).get('path')}; "
+                    f"`models.<name>.tokenizer`, else `tokenizer`): a teacher scores the student's token ids, so they "
+                    f"must share one. Pick teachers of the student's family (e.g. `studies.{study}.teachers`)")
         cfg = {
             "run_id": run_id,
             "seed": seed,
@@ -107,7 +141,7 @@ class Planner:
             "train_domains": domains,
             "eval_domains": domains,
             "domains": {d: self.cfg["domains"][d] for d in domains},
-            "tokenizer": self.tokenizer().out_dir,
+            "tokenizer": tokenizer.out_dir,
             "student": student_entry,
             "teachers": teacher_entries,
         }
@@ -142,13 +176,16 @@ class Planner:
             student, teacher = self.base(st), self.base(t)
             rule = {k: s[k] for k in ("pool_size", "k", "temperature", "student_bins", "teacher_bins", "batch_size")}
             rule["precision"] = self.cfg["train"].get("precision", "fp32")
-            cfg = {"domain": d, "domains": {d: self.cfg["domains"][d]}, "rule": rule, "tokenizer": self.tokenizer().out_dir,
+            tokenizer = self.tokenizer(st)
+            if self.tokenizer_spec(t) != self.tokenizer_spec(st):
+                raise ConfigError(f"S2's teacher `{t}` and student `{st}` have different tokenizers: the solve rates "
+                                  "are of the same prompts, tokenized once; pick a teacher of the student's family")
+            cfg = {"domain": d, "domains": {d: self.cfg["domains"][d]}, "rule": rule, "tokenizer": tokenizer.out_dir,
                    "student": self._sampler(st, student), "teacher": self._sampler(t, teacher),
-                   "prompt_format": {k: self.cfg["train"][k] for k in ("chat_template", "enable_thinking", "stop_tokens")
-                                     if k in self.cfg["train"]},
+                   "prompt_format": self.prompt_format(st),
                    "max_new_tokens": self.cfg["train"]["max_new_tokens"], "seed": 0, "threads": self.cfg["threads"]}
             self.jobs[job_id] = Job(job_id, "difficulty", f"{self.root}/difficulty/{job_id}", cfg,
-                                    [self.tokenizer().id, student.id, teacher.id], label=job_id)
+                                    [tokenizer.id, student.id, teacher.id], label=job_id)
         return self.jobs[job_id]
 
     def _sampler(self, model: str, base: Job) -> dict[str, Any]:

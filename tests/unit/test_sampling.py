@@ -218,3 +218,25 @@ def test_rejects_bad_arguments():
         run(model, [[5, 6], []])
     with pytest.raises(ValueError):
         run(model, [[5, 6]], max_new_tokens=0)
+
+
+@pytest.mark.parametrize("eos_bias,seed", [(-50.0, 0), (4.0, 1)])
+def test_olmo3_sampler_flops_match_counter_past_the_window(eos_bias, seed):
+    """Our sampler on a random Olmo-3 whose window (6) the rows outgrow: the sliding layers' cache keeps window - 1
+    positions and finished rows leave it, and the ledger's count is what the counter sees."""
+    from transformers import Olmo3Config, Olmo3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Olmo3Config(hidden_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=4,
+                         intermediate_size=80, vocab_size=150, sliding_window=6, pad_token_id=PAD, eos_token_id=EOS,
+                         bos_token_id=EOS, initializer_range=0.1, attn_implementation="eager")
+    model = Olmo3ForCausalLM(config).eval()
+    bias = torch.zeros(config.vocab_size)
+    bias[EOS] = eos_bias
+    model.lm_head.bias = torch.nn.Parameter(bias)
+    prompts = make_prompts(LENGTHS, config.vocab_size, seed)
+    with FlopCounterMode(display=False) as counter:
+        r = run(model, prompts, max_new_tokens=10, generator=torch.Generator().manual_seed(seed))
+    assert r.prompt_len + r.completion_mask.shape[1] > config.sliding_window
+    assert r.flops == counter.get_total_flops()
+    check_consistent(r, prompts, 10)

@@ -1,4 +1,5 @@
-# Base stage: the shared tokenizer and each model's pretraining (not counted as post-training).
+# Base stage: the shared tokenizer, the own tokenizer of a model of another family (models.<name>.tokenizer, e.g.
+# Olmo-3 next to Qwen3), and each model's pretraining (not counted as post-training).
 
 
 rule tokenizer:
@@ -11,6 +12,22 @@ rule tokenizer:
     params:
         cfg=lambda w: job_config("tokenizer"),
         out=f"{ROOT}/base/tokenizer",
+    shell:
+        "{OPDGRPO} tokenizer --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"
+
+
+rule model_tokenizer:
+    output:
+        f"{ROOT}/base/tokenizer-{{owner}}/done.json",
+    log:
+        f"{LOGS}/tokenizer-{{owner}}.log",
+    wildcard_constraints:
+        owner=id_pattern([j.label for j in PLAN.by_kind("tokenizer") if j.label]),
+    resources:
+        **job_resources("base"),
+    params:
+        cfg=lambda w: job_config(f"tokenizer-{w.owner}"),
+        out=lambda w: PLAN.jobs[f"tokenizer-{w.owner}"].out_dir,
     shell:
         "{OPDGRPO} tokenizer --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"
 
