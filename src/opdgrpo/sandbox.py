@@ -452,10 +452,7 @@ def _run(
     cgroup: _RunCgroup | None = None
     status_read = status_write = -1
     try:
-        fd = os.open(os.path.join(workdir, _SCRIPT), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        with open(fd, "w", encoding="utf-8", errors="replace") as fh:
-            os.fchmod(fh.fileno(), 0o644)  # readable by the sandbox's own uid whatever the umask
-            fh.write(source)
+        _write_script(workdir, source)
         if cgroup_parent is not None:
             cgroup = _RunCgroup.create(cgroup_parent, (memory_mb + _CGROUP_MEMORY_SLACK_MB) << 20, processes + _CGROUP_PIDS_SLACK)
         cgroup_path = cgroup.path if cgroup is not None else ""
@@ -495,38 +492,58 @@ def _run(
         oom = cgroup.finish() if cgroup is not None else False
         cgroup = None
         stdout = out.decode("utf-8", errors="replace")
-        stderr = err.decode("utf-8", errors="replace")
-        if status_read >= 0:  # bwrap: the program's own status, as PID 1 saw it
-            reported = _read_status(status_read)
-            if reported is not None:
-                returncode = os.waitstatus_to_exitcode(reported)
-            elif reason is None:  # the program never ran (bwrap or PID 1 failed)
-                returncode = _LAUNCHER_FAILED
-                stderr = stderr if "opdgrpo-sandbox: launcher failed" in stderr else stderr + (
-                    f"opdgrpo-sandbox: launcher failed: bwrap exited {proc.returncode} before the program did\n")
-        status = reason or _classify(returncode, stderr)
-        if oom and status in ("signal", "error"):
-            status = "memory"
+        status, returncode, stderr = _final_status(reason, returncode, err.decode("utf-8", errors="replace"),
+                                                   status_read, oom)
         if status == "sandbox":
             log.warning("sandbox launcher failed: %s", stderr.strip()[-500:])
         return SandboxResult(status, stdout, stderr, returncode, time.monotonic() - start)
     finally:
-        if proc is not None:
-            if proc.returncode is None:  # an exception escaped: never leave the child behind
-                _kill_group(proc.pid)
-                proc.wait()
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                if stream is not None:
-                    try:
-                        stream.close()
-                    except OSError:
-                        pass
-        if cgroup is not None:
-            cgroup.finish()
-        for fd in (status_read, status_write):
-            if fd >= 0:
-                os.close(fd)
-        _remove_tree(workdir)
+        _release(proc, cgroup, (status_read, status_write), workdir)
+
+
+def _write_script(workdir: str, source: str) -> None:
+    fd = os.open(os.path.join(workdir, _SCRIPT), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with open(fd, "w", encoding="utf-8", errors="replace") as fh:
+        os.fchmod(fh.fileno(), 0o644)  # readable by the sandbox's own uid whatever the umask
+        fh.write(source)
+
+
+def _final_status(reason: str | None, returncode: int, stderr: str, status_read: int, oom: bool) -> tuple[str, int, str]:
+    """(status, returncode, stderr) of a finished run. Under bwrap the program's own wait status comes from PID 1 on
+    ``status_read`` (bwrap's exit status is PID 1's); none reported means the program never ran."""
+    if status_read >= 0:
+        reported = _read_status(status_read)
+        if reported is not None:
+            returncode = os.waitstatus_to_exitcode(reported)
+        elif reason is None:  # the program never ran (bwrap or PID 1 failed)
+            bwrap_status, returncode = returncode, _LAUNCHER_FAILED
+            stderr = stderr if "opdgrpo-sandbox: launcher failed" in stderr else stderr + (
+                f"opdgrpo-sandbox: launcher failed: bwrap exited {bwrap_status} before the program did\n")
+    status = reason or _classify(returncode, stderr)
+    if oom and status in ("signal", "error"):
+        status = "memory"
+    return status, returncode, stderr
+
+
+def _release(proc: subprocess.Popen | None, cgroup: "_RunCgroup | None", fds: tuple[int, int], workdir: str) -> None:
+    """Whatever a run holds, however it ended: its process group (if an exception escaped before the kill), pipes,
+    cgroup, status pipe ends and work dir."""
+    if proc is not None:
+        if proc.returncode is None:  # an exception escaped: never leave the child behind
+            _kill_group(proc.pid)
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+    if cgroup is not None:
+        cgroup.finish()
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
+    _remove_tree(workdir)
 
 
 def _read_status(fd: int) -> int | None:
