@@ -1,0 +1,46 @@
+"""The code's shape, as docs/ARCHITECTURE.md promises it: short functions, and data flowing one way (conf -> plan ->
+rules -> run directories -> report), so no module imports one further up that chain than itself."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "opdgrpo"
+LONGEST = 80   # lines, decorators and docstring included
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {str(p.relative_to(SRC)): ast.parse(p.read_text(encoding="utf-8")) for p in SRC.rglob("*.py")}
+
+
+def test_no_function_is_longer_than_80_lines():
+    long = [f"{name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for name, tree in _modules().items() for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > LONGEST]
+    assert not long, f"split these into named steps: {long}"
+
+
+def _imports(tree: ast.Module, package: str) -> set[str]:
+    """The opdgrpo modules a module imports (relative imports resolved against its package)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            found.add(mod)
+            found.update(f"{mod}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m.startswith("opdgrpo")}
+
+
+def test_the_report_never_imports_the_trainer_or_the_planner():
+    for name, tree in _modules().items():
+        if name.startswith("report/"):
+            package = "opdgrpo." + name.rsplit("/", 1)[0].replace("/", ".")
+            bad = {m for m in _imports(tree, package) if m.split(".")[1:2] and m.split(".")[1] in ("train", "plan")}
+            assert not bad, f"src/opdgrpo/{name} imports {sorted(bad)}: the report reads run directories only"
