@@ -110,3 +110,14 @@ def reducing_head(model: torch.nn.Module, run: Callable[[torch.Tensor, Head], tu
         yield
     finally:
         setattr(model, name, head)
+
+
+def reduced_forward(model: torch.nn.Module, reduce: Reduce, extras: Sequence[torch.Tensor], chunk: int,
+                    unwrapped: torch.nn.Module | None = None, **inputs) -> tuple[torch.Tensor, ...]:
+    """``model(**inputs)`` (``logits_to_keep`` among them) with its LM head replaced by :func:`reduce_response`
+    over the response positions; ``unwrapped`` is the Hugging Face module inside a DDP wrapper (default ``model``)."""
+    def run(hidden: torch.Tensor, head: Head) -> tuple[torch.Tensor, ...]:
+        return reduce_response(hidden, head, reduce, extras, chunk)
+
+    with reducing_head(model if unwrapped is None else unwrapped, run):
+        return model(**inputs).logits

@@ -40,7 +40,7 @@ from .distributed import Workers
 from .domains import Task, build_domain
 from .evaluation import evaluate, heldout_for
 from .inference import FrozenForward
-from .logit_chunks import chunk_tokens, reduce_response, reducing_head
+from .logit_chunks import chunk_tokens, reduced_forward
 from .losses import aggregation_count
 from .models import autocast, enable_activation_checkpointing, load_model, parameter_count
 from .objectives import Objective, Shard, build_objective, position_ids
@@ -383,14 +383,11 @@ def _one_chunk(run: Run, shard: Shard) -> bool:
 def _chunked_forward(run: Run, model: torch.nn.Module, shard: Shard, reduce, extras) -> tuple[torch.Tensor, ...]:
     """``reduce`` over the student's response logits, ``train.logit_chunk_tokens`` positions at a time, inside the
     (DDP- or FSDP-wrapped) model's own forward; recomputed chunk by chunk in the backward when gradients flow."""
-    attn, chunk = shard.attention_mask, run.settings["logit_chunk_tokens"]
-
-    def chunks(hidden: torch.Tensor, head) -> tuple[torch.Tensor, ...]:
-        return reduce_response(hidden, head, reduce, extras, chunk)
-
-    with autocast(run.settings["precision"], run.workers.device.type), reducing_head(run.workers.unwrap(model), chunks):
-        return model(input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
-                     logits_to_keep=shard.new_tokens + 1).logits
+    attn = shard.attention_mask
+    with autocast(run.settings["precision"], run.workers.device.type):
+        return reduced_forward(model, reduce, extras, run.settings["logit_chunk_tokens"], run.workers.unwrap(model),
+                               input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
+                               logits_to_keep=shard.new_tokens + 1)
 
 
 def _update(run: Run, step: int, where: str) -> torch.Tensor:
