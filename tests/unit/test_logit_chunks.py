@@ -12,15 +12,7 @@ What is pinned:
   memory test's shapes; allowed 2 bfloat16 ulps, 2 ** -7); both paths are equally far from the float32 gradient
   (0.153 relative in norm, to 3 digits). In float32 it differs by float32 reordering only (measured 1.7e-8 relative
   in norm; allowed 1e-5);
-- peak memory: tests/integration/test_opd_memory.py. (Measured with :func:`opdgrpo.memprobe.peak_bytes` (torch.profiler's ``profile_memory``: every CPU
-  tensor allocation and free, summed in time order; the largest sum is the peak beyond what existed before). The
-  loss's extra memory is the OPD step's peak less the peak of the same forward and backward with the LM head
-  replaced by a sum of the hidden states (:func:`opd_memory_cases.decoder_only`: weights' gradients, decoder
-  activations, eager attention's T x T scores). For a 32,768-entry vocabulary and rows of 512 response tokens it
-  stays under 6 chunks of float32 logits (the chunk's bfloat16 logits, their float32 upcast for the logsumexp, its
-  backward's exp and the logits' gradient) plus the per-position top-k values, and does not grow with the number of
-  rows; the teacher's part never holds more than the decoder's forward and a chunk's logits. The old path's extra
-  memory was the whole shard's logits several times over (``benchmarks/opd_memory.py`` prints both).)
+- peak memory: tests/integration/test_opd_memory.py (and ``benchmarks/opd_memory.py``, old path against new).
 """
 
 from __future__ import annotations
