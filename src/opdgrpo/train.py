@@ -588,6 +588,12 @@ def _teachers(cfg: dict[str, Any], workers: Workers, attention: str) -> dict[str
         if path not in loaded:
             loaded[path] = workers.prepare_frozen(
                 load_model(path, dtype=dtype, trainable=False, attn_implementation=attention).eval())
+            if workers.sharded:
+                held = sum(p.to_local().numel() for p in loaded[path].parameters())
+                total = sum(p.numel() for p in loaded[path].parameters())
+                log.info("teacher %s: FSDP2-sharded over %d processes, %d of its %d weights on process %d, "
+                         "gathered in %s", path, workers.world, held, total, workers.rank,
+                         str(workers.policy.param_dtype).removeprefix("torch."))
         teachers[d] = loaded[path]
     return teachers
 
