@@ -177,20 +177,22 @@ def test_fsdp_two_processes_equal_one_process(smoke_world, knowing_student, tmp_
     assert [g["params"] for g in oa["param_groups"]] == [g["params"] for g in ob["param_groups"]]
 
 
-@pytest.mark.parametrize("chunk", [None, 16])
-def test_fsdp_sharded_teachers_and_logit_chunks_equal_one_process(smoke_world, tmp_path, chunk):
+@pytest.mark.parametrize(("run", "chunk"), [("opd-teacher_m-math-s0", None), ("opd-teacher_m-math-s0", 16),
+                                            ("opd-teacher_m-math+code+ifeval+knowledge-s0", None)])
+def test_fsdp_sharded_teachers_and_logit_chunks_equal_one_process(smoke_world, tmp_path, run, chunk):
     """OPD under FSDP with the teacher sharded as the student is (per decoder layer, frozen, no optimizer state;
     each process holds half of its weights and gathers them a layer at a time in ``train.fsdp.param_dtype``), its
     logits gathered only at the student's top-k ids: the same steps as one process with a replica teacher, within
     the tolerances of ``test_fsdp_two_processes_equal_one_process`` (the module docstring). With
     ``train.logit_chunk_tokens: 16`` (8 rows of up to 16 response tokens: up to 8 chunks per shard) both runs take
     the chunked path: the student's LM head runs inside the sharded root unit's forward and is recomputed per chunk
-    in its backward."""
+    in its backward. Four domains (one teacher serving them, two prompts per shard): a process whose shard has no
+    row of a domain still forwards that domain's teacher on a stand-in row, so the processes' gathers stay paired."""
     _, plan = smoke_world
     overrides = {"micro_batches": 4, "precision": "fp32", "prompts_per_step": 8}
     if chunk:
         overrides["logit_chunk_tokens"] = chunk
-    cfg = _config(plan, "opd-teacher_m-math-s0", **overrides)
+    cfg = _config(plan, run, **overrides)
     one = tmp_path / "one"
     train(copy.deepcopy(cfg), one)
     two = tmp_path / "two"
@@ -212,7 +214,7 @@ def test_fsdp_sharded_teachers_and_logit_chunks_equal_one_process(smoke_world, t
     assert wa.keys() == wb.keys()
     for name in wa:
         torch.testing.assert_close(wb[name], wa[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
-    print("sharded teachers, chunk", chunk, ": largest weight difference",
+    print("sharded teachers,", run, "chunk", chunk, ": largest weight difference",
           max(float((wa[n] - wb[n]).abs().max()) for n in wa),
           "losses", [(ra["loss"], rb["loss"]) for ra, rb in zip(a, b)],
           "gradient norms", [(ra["grad_norm"], rb["grad_norm"]) for ra, rb in zip(a, b)])
