@@ -8,7 +8,7 @@ forward, teacher forward, loss, backward) beyond the same step with the LM head 
 states (the decoder's own share), and the teacher's part alone (its forward, the logits at the student's top-k ids).
 Measured with :func:`opdgrpo.memprobe.peak_bytes` (torch.profiler's allocator records, summed in time order).
 
-    PYTHONPATH=src:tests python benchmarks/opd_memory.py [--vocab 32768] [--rows 2 4 8] [--length 512] [--chunks 64 256 1024]
+    PYTHONPATH=src:tests python benchmarks/opd_memory.py [--vocab 32768] [--rows 2 4 8] [--length 512] [--chunks 64 256 1024] [--threads 1]
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--length", type=int, default=512, help="response tokens per row")
     parser.add_argument("--chunks", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)
     student = cases.model(args.vocab, 0)
     teacher = cases.model(args.vocab, 1).eval().requires_grad_(False)
     print(f"vocab {args.vocab}, response length {args.length}; MB beyond the decoder's own forward and backward; "
