@@ -189,9 +189,13 @@ class OPDObjective:
                 rows = torch.tensor([r for r, t in enumerate(shard.tasks) if t.domain == domain], dtype=torch.long,
                                     device=top_ids.device)
                 if len(rows) == 0:
-                    if forward.sharded:   # the other processes' forwards gather this teacher's shards
-                        forward.reduced(seqs[:1], attn[:1], position_ids(attn[:1]), keep, _first_logit, (),
-                                        self.chunk_tokens)
+                    if forward.sharded:
+                        # The other processes' forwards gather this teacher's shards layer by layer, a collective this
+                        # process must join: a one-token stand-in (its FLOPs, a one-token forward, are not in the
+                        # ledger, which counts the same work whatever the number of processes).
+                        one = torch.ones(1, 1, dtype=attn.dtype, device=attn.device)
+                        forward.reduced(seqs[:1, :1], one, torch.zeros_like(one, dtype=torch.long), 1, _first_logit,
+                                        (), self.chunk_tokens)
                     continue
                 label = f"teacher logits ({domain} teacher)"
 
