@@ -86,11 +86,13 @@ class Workers:
     def prepare_frozen(self, model: torch.nn.Module) -> torch.nn.Module:
         """A frozen model (an OPD teacher) on this process's device: under FSDP sharded as the student is
         (per decoder layer, then the whole model; forward gathers in ``train.fsdp.param_dtype``), with no
-        optimizer and no gradients, so each process holds 1/N of it; otherwise the model itself (a replica)."""
-        model = model.to(self.device)
+        optimizer and no gradients, so each process holds 1/N of it; otherwise the model itself (a replica).
+        Sharded from host memory: ``fully_shard`` moves each unit's weights to the mesh's device as it shards that
+        unit, so the device never holds more than one layer of the whole teacher."""
         if self.sharded:
             fsdp.shard(model.requires_grad_(False), self.mesh, self.policy)
-        return model
+            return model
+        return model.to(self.device)
 
     @property
     def mesh(self):
