@@ -79,11 +79,29 @@ class Workers:
         model (one process, DDP) or this process's shards (FSDP, so the optimizer state is sharded too)."""
         if not self.sharded:
             return self.accelerator.prepare(model, make_optimizer(model.parameters()))
-        from torch.distributed.device_mesh import init_device_mesh
-
         self._replica = fsdp.sampling_replica(model, self.policy.param_dtype)
-        fsdp.shard(model, init_device_mesh(self.device.type, (self.world,)), self.policy)
+        fsdp.shard(model, self.mesh, self.policy)
         return model, make_optimizer(model.parameters())
+
+    def prepare_frozen(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A frozen model (an OPD teacher) on this process's device: under FSDP sharded as the student is
+        (per decoder layer, then the whole model; forward gathers in ``train.fsdp.param_dtype``), with no
+        optimizer and no gradients, so each process holds 1/N of it; otherwise the model itself (a replica).
+        Sharded from host memory: ``fully_shard`` moves each unit's weights to the mesh's device as it shards that
+        unit, so the device never holds more than one layer of the whole teacher."""
+        if self.sharded:
+            fsdp.shard(model.requires_grad_(False), self.mesh, self.policy)
+            return model
+        return model.to(self.device)
+
+    @property
+    def mesh(self):
+        """The one-dimensional device mesh of all processes (FSDP), made once."""
+        if getattr(self, "_mesh", None) is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._mesh = init_device_mesh(self.device.type, (self.world,))
+        return self._mesh
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The model itself (FSDP2 shards in place: the sharded model is the Hugging Face model)."""

@@ -29,9 +29,10 @@ import contextlib
 import inspect
 import itertools
 import types
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import _disable_current_modes
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -39,6 +40,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb, eager_attention_forward
 
 from opdgrpo import numerics
+from opdgrpo.logit_chunks import Reduce, reduce_response, reducing_head
 
 #: The attention implementation name :func:`fast_attention` switches a model to while it runs without gradients.
 NAME = "opdgrpo_eager"
@@ -196,6 +198,15 @@ class LeanQwen3:
                 logits_to_keep: int = 1, cache: bool = True) -> torch.Tensor:
         """Logits of the last ``logits_to_keep`` positions; ``mask`` from :meth:`mask_bias`. With ``cache`` the keys
         and values are appended to this object's cache and attention reads all of it."""
+        return self.head(self.hidden_states(input_ids, position_ids, mask, cache=cache)[:, -logits_to_keep:, :])
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head on final hidden states (the model's bfloat16 ``F.linear``)."""
+        return torch.nn.functional.linear(hidden, *self.lm_head)
+
+    def hidden_states(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, *,
+                      cache: bool = True) -> torch.Tensor:
+        """The final norm's output at every position (what :meth:`head` turns into logits)."""
         batch, q_len = input_ids.shape
         hidden = torch.nn.functional.embedding(input_ids, self.embed)
         cos, sin = type(self.rotary).forward(self.rotary, hidden, position_ids)   # Qwen3RotaryEmbedding's own
@@ -220,8 +231,7 @@ class LeanQwen3:
             residual = hidden
             x = _rms_norm(hidden, p["ln2"])
             hidden = residual + linear(torch.nn.functional.silu(linear(x, p["gate"])) * linear(x, p["up"]), p["down"])
-        hidden = _rms_norm(hidden, self.norm)
-        return linear(hidden[:, -logits_to_keep:, :], self.lm_head)
+        return _rms_norm(hidden, self.norm)
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` of the batch in the cache (finished rows leave it)."""
@@ -242,6 +252,33 @@ class FrozenForward:
         self.model = model
         self.path: str | None = None
         self.lean: LeanQwen3 | None = None
+        # FSDP2-sharded (Workers.prepare_frozen): only the model's own forward gathers its shards, and the gathered
+        # weights are bfloat16 under the paper's policy, not the weights the exactness check would compare against.
+        self.sharded = any(isinstance(p, DTensor) for p in model.parameters())
+        if self.sharded:
+            self.path = REFERENCE
+
+    def reduced(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                logits_to_keep: int, reduce: Reduce, extras: Sequence[torch.Tensor], chunk: int) -> tuple[torch.Tensor, ...]:
+        """:func:`~opdgrpo.logit_chunks.reduce_response` over the logits this forward would return: the decoder on
+        the whole batch, the LM head ``chunk`` positions at a time, each chunk reduced by ``reduce`` (same bits as
+        reducing :meth:`__call__`'s logits; a sharded model's root weights are resharded afterwards)."""
+        def run(hidden: torch.Tensor, head) -> tuple[torch.Tensor, ...]:
+            return reduce_response(hidden, head, reduce, extras, chunk)
+
+        if self.path is None:
+            self.path = choose_path(self.model)
+            self.lean = LeanQwen3(self.model) if self.path == LEAN else None
+        if self.lean is not None:
+            mask = LeanQwen3.mask_bias(attention_mask, input_ids.shape[1])
+            hidden = self.lean.hidden_states(input_ids, position_ids, mask, cache=False)
+            return run(hidden[:, -logits_to_keep:, :], self.lean.head)
+        with fast_attention(self.model) if self.path == FAST else contextlib.nullcontext(), reducing_head(self.model, run):
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             logits_to_keep=logits_to_keep).logits
+        if self.sharded:
+            self.model.reshard()   # FSDP2 keeps the root unit (embedding, LM head) gathered after a forward
+        return out
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                  logits_to_keep: int) -> torch.Tensor:

@@ -296,11 +296,39 @@ def topk_reverse_kl(
     if not 1 <= k <= vocab:
         raise ValueError(f"k={k} must be between 1 and the vocabulary size V={vocab}")
 
+    s_top, top_ids, student_lse = student_topk(student_logits, k)
+    t_top = teacher_logits.detach().gather(-1, top_ids)
+    return topk_reverse_kl_from_topk(s_top, t_top, student_lse, mask, aggregation, normalizer)
+
+
+def student_topk(student_logits: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """What :func:`topk_reverse_kl` reads of the student's logits ``(..., V)``, per position: its top-``k`` logits
+    (in the compute dtype, carrying the gradient), their ids (no gradient through the choice) and the full-vocabulary
+    logsumexp (no gradient; for ``topk_mass``). Per position, so a chunk of positions gives that chunk's values
+    (:mod:`opdgrpo.logit_chunks`)."""
     dtype = _compute_dtype(student_logits)
     with torch.no_grad():
         top_ids = student_logits.topk(k, dim=-1).indices  # (B, T, k); the choice carries no gradient
     s_top = student_logits.gather(-1, top_ids).to(dtype)
-    t_top = teacher_logits.detach().gather(-1, top_ids).to(dtype)
+    with torch.no_grad():
+        lse = _logsumexp_rows(student_logits, dtype)
+    return s_top, top_ids, lse
+
+
+def topk_reverse_kl_from_topk(
+    s_top: Tensor,
+    t_top: Tensor,
+    student_lse: Tensor,
+    mask: Tensor,
+    aggregation: str = "token-mean",
+    normalizer: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """:func:`topk_reverse_kl` from the gathered values (:func:`student_topk`'s, and the teacher's logits at the
+    student's top-k ids, any float dtype), so neither model's full-vocabulary logits need to exist at once."""
+    _check_aggregation(aggregation)
+    _check_mask(mask, s_top.shape[:2], "s_top[:2]")
+    dtype = s_top.dtype
+    t_top = t_top.detach().to(dtype)
     log_ps = F.log_softmax(s_top, dim=-1)
     log_pt = F.log_softmax(t_top, dim=-1)
     per_token = (log_ps.exp() * (log_ps - log_pt)).sum(dim=-1)  # (B, T)
@@ -309,7 +337,7 @@ def topk_reverse_kl(
     loss = _aggregate(per_token, m, aggregation, normalizer)
 
     with torch.no_grad():
-        topk_mass = torch.exp(torch.logsumexp(s_top, dim=-1) - _logsumexp_rows(student_logits, dtype))
+        topk_mass = torch.exp(torch.logsumexp(s_top, dim=-1) - student_lse)
         metrics = {
             "kl": _masked_mean(per_token, m).item(),
             "topk_mass": _masked_mean(topk_mass, m).item(),

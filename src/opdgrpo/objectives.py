@@ -24,7 +24,8 @@ import torch
 from . import flops as flop_formulas
 from .domains import Task
 from .inference import FrozenForward
-from .losses import group_advantages, grpo_loss, token_logprobs, topk_reverse_kl
+from .logit_chunks import DEFAULT_CHUNK_TOKENS, Reduce
+from .losses import group_advantages, grpo_loss, student_topk, token_logprobs, topk_reverse_kl_from_topk
 from .models import autocast
 from .rollout import ScoredRollouts
 
@@ -82,6 +83,16 @@ class Objective(Protocol):
     def logprobs(self, logits: torch.Tensor, shard: Shard) -> torch.Tensor:
         """``(B, T)`` log-probs of the shard's response tokens under ``logits``, as the objective reads them."""
 
+    def student_reduce(self, shard: Shard, check: Check) -> tuple[Reduce, tuple[torch.Tensor, ...]]:
+        """What the loss reads of the student's logits, per position (``reduce(logits, *extras)``, with the shard's
+        per-position ``extras``), for :func:`opdgrpo.logit_chunks.reduce_response`; ``check`` sees every chunk's
+        logits (component ``student_logits``)."""
+
+    def loss_from(self, reduced: tuple[torch.Tensor, ...], shard: Shard, normalizer: float | None, check: Check,
+                  flops: dict[str, float], vocab: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """:meth:`loss` from :meth:`student_reduce`'s per-position values over the whole response; ``vocab`` is the
+        student's logits' last dimension."""
+
 
 class GRPOObjective:
     """Group-relative advantages of verifiable rewards, PPO-clipped surrogate (:func:`~opdgrpo.losses.grpo_loss`).
@@ -106,11 +117,20 @@ class GRPOObjective:
     def logprobs(self, logits: torch.Tensor, shard: Shard) -> torch.Tensor:
         return token_logprobs(logits, shard.targets, temperature=self.temperature)
 
+    def student_reduce(self, shard: Shard, check: Check) -> tuple[Reduce, tuple[torch.Tensor, ...]]:
+        def reduce(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
+            return (token_logprobs(check(logits, "student_logits"), targets, temperature=self.temperature),)
+        return reduce, (shard.targets,)
+
     def loss(self, logits: torch.Tensor, shard: Shard, normalizer: float | None, check: Check,
              flops: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.loss_from((self.logprobs(logits, shard),), shard, normalizer, check, flops, logits.shape[-1])
+
+    def loss_from(self, reduced: tuple[torch.Tensor, ...], shard: Shard, normalizer: float | None, check: Check,
+                  flops: dict[str, float], vocab: int) -> tuple[torch.Tensor, dict[str, float]]:
+        (logprobs,) = reduced
         advantages = group_advantages(shard.scored.rewards, self.rollouts_per_prompt,
-                                      scale_by_std=self.scale_by_std).to(logits.device)
-        logprobs = self.logprobs(logits, shard)
+                                      scale_by_std=self.scale_by_std).to(logprobs.device)
         # One optimiser step per batch: the sampling policy is the current one, so the old log-probabilities are
         # these, detached (no extra forward, none counted). Several: the sampling policy's, computed before the
         # first update (the ledger's ``old_policy``).
@@ -124,51 +144,91 @@ class GRPOObjective:
 
 class OPDObjective:
     """Each prompt's domain teacher scores every token the student wrote; top-k reverse KL to it
-    (:func:`~opdgrpo.losses.topk_reverse_kl`). Teachers are frozen and forwarded without gradients."""
+    (:func:`~opdgrpo.losses.topk_reverse_kl`). Teachers are frozen and forwarded without gradients.
+
+    Only the teacher's logits at the student's top-k ids are kept: its decoder runs over the shard's rows of its
+    domain, and its LM head over ``chunk_tokens`` positions at a time (:mod:`opdgrpo.logit_chunks`), so no
+    full-vocabulary teacher tensor of a whole shard exists (it was ``B x T x V`` in float32, plus the bfloat16 one).
+    Under FSDP (:meth:`opdgrpo.distributed.Workers.prepare_frozen`) a teacher is sharded like the student, and its
+    forward is a collective: every process forwards every teacher for every shard, a one-row stand-in where its
+    shard has no row of that domain."""
 
     name, scores_with_teachers = "opd", True
 
-    def __init__(self, method: dict[str, Any], teachers: dict[str, torch.nn.Module], precision: str):
+    def __init__(self, method: dict[str, Any], teachers: dict[str, torch.nn.Module], precision: str,
+                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
         self.rollouts_per_prompt = int(method["rollouts_per_prompt"])
         self.aggregation = str(method["aggregation"])
         self.top_k = int(method["top_k"])
         self.teachers = teachers                                   # domain -> model (one model may serve several)
         self.forwards = {id(t): FrozenForward(t) for t in teachers.values()}
         self.precision = precision
+        self.chunk_tokens = int(chunk_tokens)
 
     def logprobs(self, logits: torch.Tensor, shard: Shard) -> torch.Tensor:
         """Untempered: OPD's loss compares the student's and the teachers' own distributions (docs/method.md, "OPD"),
         whatever temperature sampled the states it is computed on."""
         return token_logprobs(logits, shard.targets)
 
-    def teacher_logits(self, logits: torch.Tensor, shard: Shard, check: Check, flops: dict[str, float]) -> torch.Tensor:
-        """Every row's logits under its domain's teacher, over the positions ``logits`` covers (FLOPs counted as
-        each teacher forward ends, so a step stopped by a non-finite value still counts what it computed)."""
-        out_all = torch.empty_like(logits, dtype=torch.float32)
+    def student_reduce(self, shard: Shard, check: Check) -> tuple[Reduce, tuple[torch.Tensor, ...]]:
+        def reduce(logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return student_topk(check(logits, "student_logits"), self.top_k)
+        return reduce, ()
+
+    def teacher_topk(self, top_ids: torch.Tensor, vocab: int, shard: Shard, check: Check,
+                     flops: dict[str, float]) -> torch.Tensor:
+        """Every row's teacher logits at the student's top-k ids ``(B, T, k)``, float32, under its domain's teacher
+        (FLOPs counted as each teacher forward ends, so a step stopped by a non-finite value still counts what it
+        computed). ``check`` sees each chunk's logits over the student's ``vocab`` (a teacher's padded entries are
+        never read)."""
+        out_all = torch.empty(top_ids.shape, dtype=torch.float32, device=top_ids.device)
         seqs, attn, keep = shard.sequences, shard.attention_mask, shard.new_tokens + 1
-        with torch.no_grad(), autocast(self.precision, logits.device.type):
+        with torch.no_grad(), autocast(self.precision, top_ids.device.type):
             for domain, teacher in self.teachers.items():
+                forward = self.forwards[id(teacher)]
                 rows = torch.tensor([r for r, t in enumerate(shard.tasks) if t.domain == domain], dtype=torch.long,
-                                    device=logits.device)
+                                    device=top_ids.device)
                 if len(rows) == 0:
+                    if forward.sharded:
+                        # The other processes' forwards gather this teacher's shards layer by layer, a collective this
+                        # process must join: a one-token stand-in (its FLOPs, a one-token forward, are not in the
+                        # ledger, which counts the same work whatever the number of processes).
+                        one = torch.ones(1, 1, dtype=attn.dtype, device=attn.device)
+                        forward.reduced(seqs[:1, :1], one, torch.zeros_like(one, dtype=torch.long), 1, _first_logit,
+                                        (), self.chunk_tokens)
                     continue
+                label = f"teacher logits ({domain} teacher)"
+
+                def reduce(logits: torch.Tensor, ids: torch.Tensor, label: str = label) -> tuple[torch.Tensor]:
+                    return (check(logits[..., :vocab], "teacher_logits", label).gather(-1, ids),)
+
                 # bit for bit the teacher's own eager forward, fewer copies and casts (opdgrpo.inference)
-                out = self.forwards[id(teacher)](seqs[rows], attn[rows], position_ids(attn[rows]), logits_to_keep=keep)
+                (picked,) = forward.reduced(seqs[rows], attn[rows], position_ids(attn[rows]), keep, reduce,
+                                            (top_ids[rows],), self.chunk_tokens)
                 flops["teacher"] += flop_formulas.forward_flops(teacher.config, len(rows), seqs.shape[1], logits_positions=keep)
-                out = check(out[:, :-1, : logits.shape[-1]], "teacher_logits", f"teacher logits ({domain} teacher)")
-                out_all[rows] = out.float()
+                out_all[rows] = picked.float()
         return out_all
 
     def loss(self, logits: torch.Tensor, shard: Shard, normalizer: float | None, check: Check,
              flops: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
-        teacher = self.teacher_logits(logits, shard, check, flops)
-        return topk_reverse_kl(logits, teacher, shard.mask, k=self.top_k, aggregation=self.aggregation,
-                               normalizer=normalizer)
+        return self.loss_from(student_topk(logits, self.top_k), shard, normalizer, check, flops, logits.shape[-1])
+
+    def loss_from(self, reduced: tuple[torch.Tensor, ...], shard: Shard, normalizer: float | None, check: Check,
+                  flops: dict[str, float], vocab: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """``vocab``: the student's logits' last dimension (a teacher's further padded entries are never read)."""
+        s_top, top_ids, lse = reduced
+        teacher = self.teacher_topk(top_ids, vocab, shard, check, flops)
+        return topk_reverse_kl_from_topk(s_top, teacher, lse, shard.mask, self.aggregation, normalizer)
+
+
+def _first_logit(logits: torch.Tensor) -> tuple[torch.Tensor]:
+    return (logits[..., 0],)
 
 
 def build_objective(method: dict[str, Any], teachers: dict[str, torch.nn.Module], precision: str,
-                    temperature: float = 1.0) -> Objective:
-    """The run's objective; ``temperature`` is the rollouts' (``train.temperature``), which GRPO's log-probs use."""
+                    temperature: float = 1.0, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Objective:
+    """The run's objective; ``temperature`` is the rollouts' (``train.temperature``), which GRPO's log-probs use;
+    ``chunk_tokens`` (``train.logit_chunk_tokens``) the positions whose teacher logits exist at once."""
     if method["name"] == "grpo":
         return GRPOObjective(method, temperature)
-    return OPDObjective(method, teachers, precision)
+    return OPDObjective(method, teachers, precision, chunk_tokens)

@@ -40,6 +40,7 @@ from .distributed import Workers
 from .domains import Task, build_domain
 from .evaluation import evaluate, heldout_for
 from .inference import FrozenForward
+from .logit_chunks import chunk_tokens, reduced_forward
 from .losses import aggregation_count
 from .models import autocast, enable_activation_checkpointing, load_model, parameter_count
 from .objectives import Objective, Shard, build_objective, position_ids
@@ -270,19 +271,45 @@ def _fixed_logprobs(run: Run, shards: list[Shard], stats: StepStats, guard: Guar
     with torch.no_grad(), autocast(run.settings["precision"], run.workers.device.type):
         for shard in shards:
             attn, keep = shard.attention_mask, shard.new_tokens + 1
+            one = _one_chunk(run, shard)
             if old_policy:   # the trained model as it sampled (DDP or FSDP too): the first update's own forward
-                logits = run.model(input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
-                                logits_to_keep=keep).logits[:, :-1]
+                if one:
+                    logits = run.model(input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
+                                       logits_to_keep=keep).logits[:, :-1]
+                    logits = guard.check(logits, "student_logits", "old-policy logits")
+                    shard.old_logprobs = run.objective.logprobs(logits, shard)
+                else:
+                    (shard.old_logprobs,) = _chunked_forward(
+                        run, run.model, shard, *_logprob_reduce(run, shard, guard, "student_logits", "old-policy logits"))
                 stats.flops["old_policy"] += _student_flops(run, shard)
-                logits = guard.check(logits, "student_logits", "old-policy logits")
-                shard.old_logprobs = run.objective.logprobs(logits, shard)
             if run.reference is not None:
-                logits = run.reference(shard.sequences, attn, position_ids(attn), logits_to_keep=keep)[:, :-1]
+                if one:
+                    logits = run.reference(shard.sequences, attn, position_ids(attn), logits_to_keep=keep)[:, :-1]
+                    logits = guard.check(logits, "reference_logits")
+                    shard.ref_logprobs = run.objective.logprobs(logits, shard)
+                else:
+                    (shard.ref_logprobs,) = run.reference.reduced(
+                        shard.sequences, attn, position_ids(attn), keep,
+                        *_logprob_reduce(run, shard, guard, "reference_logits", None), run.settings["logit_chunk_tokens"])
                 stats.flops["reference"] += flop_formulas.forward_flops(run.reference.model.config,
                                                                         *shard.sequences.shape, logits_positions=keep)
-                logits = guard.check(logits, "reference_logits")
-                shard.ref_logprobs = run.objective.logprobs(logits, shard)
     guard.agree()
+
+
+def _logprob_reduce(run: Run, shard: Shard, guard: Guard, component: str, label: str | None):
+    """``(reduce, extras)``: the objective's log-probs of the shard's tokens from a chunk of logits, checked."""
+    def reduce(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
+        logits = guard.check(logits, component, label)
+        # the objective's log-probs read only the targets of the positions they are given
+        return (run.objective.logprobs(logits, _Targets(targets)),)
+    return reduce, (shard.targets,)
+
+
+@dataclass
+class _Targets:
+    """A chunk's targets, standing in for the shard in ``Objective.logprobs`` (which reads only ``targets``)."""
+
+    targets: torch.Tensor
 
 
 def _minibatches(run: Run, shards: list[Shard]) -> list[list[Shard]]:
@@ -331,14 +358,36 @@ def _forward_and_loss(run: Run, shard: Shard, normalizer: float | None, guard: G
                       stats: StepStats) -> tuple[torch.Tensor, dict[str, float]]:
     """The student's training forward over the shard's sequences and the objective's loss on its response logits."""
     attn = shard.attention_mask
-    with autocast(run.settings["precision"], run.workers.device.type):
-        logits = run.model(input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
-                           logits_to_keep=shard.new_tokens + 1).logits[:, :-1]
-    stats.flops["train"] += _student_flops(run, shard)   # the forward; its backward is counted after it
-    logits = guard.check(logits, "student_logits")
-    loss, metrics = run.objective.loss(logits, shard, normalizer, guard.check, stats.flops)
+    if _one_chunk(run, shard):   # the shard's logits fit in one chunk: the full logits, as before
+        with autocast(run.settings["precision"], run.workers.device.type):
+            logits = run.model(input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
+                               logits_to_keep=shard.new_tokens + 1).logits[:, :-1]
+        stats.flops["train"] += _student_flops(run, shard)   # the forward; its backward is counted after it
+        logits = guard.check(logits, "student_logits")
+        loss, metrics = run.objective.loss(logits, shard, normalizer, guard.check, stats.flops)
+    else:   # the LM head and the loss's reduction a chunk of positions at a time (opdgrpo.logit_chunks)
+        reduce, extras = run.objective.student_reduce(shard, guard.check)
+        reduced = _chunked_forward(run, run.model, shard, reduce, extras)
+        stats.flops["train"] += _student_flops(run, shard)
+        loss, metrics = run.objective.loss_from(reduced, shard, normalizer, guard.check, stats.flops,
+                                                int(run.student.config.vocab_size))
     loss = guard.check(loss, "loss", f"{run.objective.name} loss")
     return loss, metrics
+
+
+def _one_chunk(run: Run, shard: Shard) -> bool:
+    """Whether the shard's response logits fit in one ``train.logit_chunk_tokens`` chunk."""
+    return shard.sequences.shape[0] * shard.new_tokens <= run.settings["logit_chunk_tokens"]
+
+
+def _chunked_forward(run: Run, model: torch.nn.Module, shard: Shard, reduce, extras) -> tuple[torch.Tensor, ...]:
+    """``reduce`` over the student's response logits, ``train.logit_chunk_tokens`` positions at a time, inside the
+    (DDP- or FSDP-wrapped) model's own forward; recomputed chunk by chunk in the backward when gradients flow."""
+    attn = shard.attention_mask
+    with autocast(run.settings["precision"], run.workers.device.type):
+        return reduced_forward(model, reduce, extras, run.settings["logit_chunk_tokens"], run.workers.unwrap(model),
+                               input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
+                               logits_to_keep=shard.new_tokens + 1)
 
 
 def _update(run: Run, step: int, where: str) -> torch.Tensor:
@@ -462,7 +511,7 @@ def _settings(cfg: dict[str, Any], workers: Workers) -> dict[str, Any]:
     return {"steps": int(method["steps"]), "eval_every": int(shared["eval_every"]),
             "checkpoint_every": int(shared["checkpoint_every"]), "precision": str(shared.get("precision", "fp32")),
             "nonfinite": nonfinite, "max_skips": max_skips, "prompts_per_step": prompts_per_step, "shards": shards,
-            "updates_per_batch": updates, "minibatches": minibatches,
+            "updates_per_batch": updates, "minibatches": minibatches, "logit_chunk_tokens": chunk_tokens(shared),
             "components": components(reference=float(method.get("beta") or 0.0) > 0),
             # this process's shards of every step
             "mine": [s for s in range(shards) if s % workers.world == workers.rank]}
@@ -489,8 +538,8 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
                          attn_implementation=attention).to(workers.device)
     if shared.get("activation_checkpointing"):
         enable_activation_checkpointing(student)
-    objective = build_objective(cfg["method"], _teachers(cfg, workers.device, attention), settings["precision"],
-                                temperature=float(shared["temperature"]))
+    objective = build_objective(cfg["method"], _teachers(cfg, workers, attention), settings["precision"],
+                                temperature=float(shared["temperature"]), chunk_tokens=settings["logit_chunk_tokens"])
     method = cfg["method"]
     # The denominator of MFU, measured once per process before any step (never inside a step's wall time).
     peak = matmul_peak(matmul_dtype(settings["precision"], param_dtype), workers.device)
@@ -524,8 +573,11 @@ def _resume_point(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> tuple
     return identity, checkpoint, state
 
 
-def _teachers(cfg: dict[str, Any], device: torch.device, attention: str) -> dict[str, torch.nn.Module]:
-    """OPD: domain -> frozen teacher (check_run_inputs: same tokenizer as the student); one load per checkpoint."""
+def _teachers(cfg: dict[str, Any], workers: Workers, attention: str) -> dict[str, torch.nn.Module]:
+    """OPD: domain -> frozen teacher (check_run_inputs: same tokenizer as the student); one load per checkpoint.
+    Under FSDP each teacher is sharded as the student is (:meth:`Workers.prepare_frozen`): 1/N of its weights per
+    process instead of a replica (65 GB for Qwen3-32B in bfloat16), gathered a layer at a time in
+    ``train.fsdp.param_dtype``."""
     if cfg["method"]["name"] != "opd":
         return {}
     loaded: dict[str, torch.nn.Module] = {}
@@ -534,7 +586,14 @@ def _teachers(cfg: dict[str, Any], device: torch.device, attention: str) -> dict
         path = cfg["teachers"][d]["path"]
         dtype = getattr(torch, str(cfg["teachers"][d].get("dtype") or cfg["train"].get("teacher_dtype", "float32")))
         if path not in loaded:
-            loaded[path] = load_model(path, dtype=dtype, trainable=False, attn_implementation=attention).eval().to(device)
+            loaded[path] = workers.prepare_frozen(
+                load_model(path, dtype=dtype, trainable=False, attn_implementation=attention).eval())
+            if workers.sharded:
+                held = sum(p.to_local().numel() for p in loaded[path].parameters())
+                total = sum(p.numel() for p in loaded[path].parameters())
+                log.info("teacher %s: FSDP2-sharded over %d processes, %d of its %d weights on process %d, "
+                         "gathered in %s", path, workers.world, held, total, workers.rank,
+                         str(workers.policy.param_dtype).removeprefix("torch."))
         teachers[d] = loaded[path]
     return teachers
 

@@ -177,6 +177,49 @@ def test_fsdp_two_processes_equal_one_process(smoke_world, knowing_student, tmp_
     assert [g["params"] for g in oa["param_groups"]] == [g["params"] for g in ob["param_groups"]]
 
 
+@pytest.mark.parametrize(("run", "chunk"), [("opd-teacher_m-math-s0", None), ("opd-teacher_m-math-s0", 16),
+                                            ("opd-teacher_m-math+code+ifeval+knowledge-s0", None)])
+def test_fsdp_sharded_teachers_and_logit_chunks_equal_one_process(smoke_world, tmp_path, run, chunk):
+    """OPD under FSDP with the teacher sharded as the student is (per decoder layer, frozen, no optimizer state;
+    each process holds half of its weights and gathers them a layer at a time in ``train.fsdp.param_dtype``), its
+    logits gathered only at the student's top-k ids: the same steps as one process with a replica teacher, within
+    the tolerances of ``test_fsdp_two_processes_equal_one_process`` (the module docstring). With
+    ``train.logit_chunk_tokens: 16`` (8 rows of up to 16 response tokens: up to 8 chunks per shard) both runs take
+    the chunked path: the student's LM head runs inside the sharded root unit's forward and is recomputed per chunk
+    in its backward. Four domains (one teacher serving them, two prompts per shard): a process whose shard has no
+    row of a domain still forwards that domain's teacher on a stand-in row, so the processes' gathers stay paired."""
+    _, plan = smoke_world
+    overrides = {"micro_batches": 4, "precision": "fp32", "prompts_per_step": 8}
+    if chunk:
+        overrides["logit_chunk_tokens"] = chunk
+    cfg = _config(plan, run, **overrides)
+    one = tmp_path / "one"
+    train(copy.deepcopy(cfg), one)
+    two = tmp_path / "two"
+    fsdp_cfg = copy.deepcopy(cfg)
+    fsdp_cfg["train"].update({"distributed": "fsdp", "fsdp": {"param_dtype": "float32"}})
+    done = _run(_train_args(fsdp_cfg, two))
+    sharded = [line for line in done.stderr.splitlines() if "FSDP2-sharded over 2 processes" in line]
+    assert len(sharded) == 2, done.stderr[-3000:]   # one line per process
+    for line in sharded:
+        held, total = (int(w) for w in line.split(", ")[1].split()[:4:3])
+        assert held < 0.6 * total   # about half (a row count not divisible by 2 leaves one more row on one)
+    a, b = _ledger(one), _ledger(two)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1]
+    for ra, rb in zip(a, b):
+        assert (ra["flops"], ra["tokens"], ra["cumulative_flops"]) == (rb["flops"], rb["tokens"], rb["cumulative_flops"])
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5, abs=1e-7)
+        assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-5)
+    wa, wb = _weights(one), _weights(two)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wb[name], wa[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    print("sharded teachers,", run, "chunk", chunk, ": largest weight difference",
+          max(float((wa[n] - wb[n]).abs().max()) for n in wa),
+          "losses", [(ra["loss"], rb["loss"]) for ra, rb in zip(a, b)],
+          "gradient norms", [(ra["grad_norm"], rb["grad_norm"]) for ra, rb in zip(a, b)])
+
+
 def test_fsdp_sigterm_checkpoints_and_a_rerun_resumes_exactly(smoke_world, tmp_path):
     """SLURM's warning signal under FSDP (the profile's bfloat16 gathered weights): every process stops after the
     step, the main one writes the gathered checkpoint, and the rerun ends where an uninterrupted run ends, bit for
