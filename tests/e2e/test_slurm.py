@@ -157,12 +157,12 @@ def slurm_cluster(tmp_path_factory):
         assert not left, f"daemons still running after teardown: {left}"
 
 
-def slurm_snakemake(workdir: Path, *args: str, timeout_s: int = 600) -> list[str]:
+def slurm_snakemake(workdir: Path, *args: str, timeout_s: int = 600, warning_s: int = 120) -> list[str]:
     """Snakemake through the SLURM profile, with the test cluster's site settings. Snakemake ignores SIGTERM while
-    jobs run but stops on SIGINT, hence `timeout -s INT`."""
+    jobs run but stops on SIGINT, hence `timeout -s INT`. ``warning_s``: the lead time of the warning SIGTERM."""
     return ["timeout", "-s", "INT", str(timeout_s), *SNAKEMAKE, "--directory", str(workdir),
             "--workflow-profile", str(REPO / "workflow" / "profiles" / "slurm"),
-            "--default-resources", f"slurm_partition={PARTITION}", "slurm_extra='--signal=TERM@120'",
+            "--default-resources", f"slurm_partition={PARTITION}", f"slurm_extra='--signal=TERM@{warning_s}'",
             "--slurm-no-account",                                  # no slurmdbd here: no accounts to check
             "--slurm-status-command", "squeue",                    # sacct hangs without slurmdbd
             "--slurm-init-seconds-before-status-checks", str(FIRST_POLL_S),
@@ -272,3 +272,92 @@ def test_a_job_with_two_processes_runs_them_inside_its_allocation(slurm_and_loca
     summary = json.loads((workdir / "results" / "smoke" / "runs" / run / "done.json").read_text())
     assert summary["processes"] == 2 and summary["steps"] == 3
     assert [r["step"] for r in _ledger(workdir / "results" / "smoke" / "runs" / run)] == [0, 1, 2]
+
+
+# A run longer than its allocation: 1-minute time limit, the warning SIGTERM 30 s before it (SLURM checks time limits
+# every 30 s, so it arrives 30 to 60 s into the job); each attempt trains until then, checkpoints, exits 130, and
+# Snakemake resubmits it (the profile's preemptible-retries) until the run completes.
+LIMITED_RUN = "grpo-student-math-s0"
+LIMITED_STEPS = 60
+LIMIT_MIN, WARNING_S = 1, 30
+TIMING = ("wall_s", "achieved_flops_per_s")
+
+
+@pytest.fixture(scope="module")
+def time_limited_run(slurm_cluster, tmp_path_factory):
+    """The run through SLURM with a 1-minute limit, and the same job config uninterrupted, by hand, next to it."""
+    from opdgrpo.config import compose
+    from opdgrpo.plan import build_plan
+
+    workdir = tmp_path_factory.mktemp("time_limited")
+    overrides = [f"methods.grpo.steps={LIMITED_STEPS}", f"resources.train.runtime={LIMIT_MIN}"]
+    args = (f"results/smoke/runs/{LIMITED_RUN}/done.json", "--config", "profile=smoke", f"overrides=[{','.join(overrides)}]")
+    t0 = time.time()
+    upstream = subprocess.run([*SNAKEMAKE, "--directory", str(workdir), "--cores", "2", *args, "--omit-from", "grpo"],
+                              capture_output=True, text=True, timeout=300)   # tokenizer and student, locally
+    assert upstream.returncode == 0, upstream.stdout[-3000:] + upstream.stderr[-3000:]
+    t_up = time.time()
+    cfg = build_plan(compose(["profile=smoke", *overrides], REPO / "conf")).jobs[LIMITED_RUN].config
+    reference = subprocess.Popen([sys.executable, "-m", "opdgrpo.cli", "train", "--out", "reference",
+                                  "--config-json", json.dumps(cfg)], cwd=workdir, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(slurm_snakemake(workdir, *args, warning_s=WARNING_S), capture_output=True, text=True, timeout=700)
+    ref_out, _ = reference.communicate(timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert reference.returncode == 0, ref_out[-3000:]
+    print(f"upstream locally {t_up - t0:.0f} s; the run through SLURM with a {LIMIT_MIN}-minute limit "
+          f"(and the reference beside it) {time.time() - t_up:.0f} s")
+    return workdir, done.stdout + done.stderr
+
+
+def test_a_run_longer_than_its_time_limit_finishes_over_several_allocations(time_limited_run):
+    from opdgrpo.attempts import records
+
+    workdir, out = time_limited_run
+    run_dir = workdir / "results" / "smoke" / "runs" / LIMITED_RUN
+    seen = records(run_dir)
+    begins = [r for r in seen if "begin" in r]
+    ends = [r for r in seen if "end" in r]
+    print("attempts:", json.dumps(seen, indent=None))
+    assert len(begins) >= 2, seen                                              # cut at least once
+    assert [r["attempt"] for r in begins] == list(range(1, len(begins) + 1))   # Snakemake's attempts 1, 2, ...
+    assert len({r["slurm_job"] for r in begins}) == len(begins)                # each its own allocation
+    assert [r["end"] for r in ends] == ["interrupted"] * (len(begins) - 1) + ["done"], seen
+    starts = [r["step"] for r in begins]
+    assert starts[0] == 0 and all(a < b for a, b in zip(starts, starts[1:]))   # every attempt made progress
+    assert [r["step"] for r in ends[:-1]] == starts[1:]                        # each resumed where the last stopped
+    log = (workdir / "results" / "smoke" / "logs" / f"{LIMITED_RUN}.log").read_text()
+    for r in begins[1:]:                                                       # every attempt in the one job log
+        assert f"== attempt {r['attempt']} (SLURM job {r['slurm_job']}): resuming at step {r['step']}" in log, log[-3000:]
+        assert f"resuming {LIMITED_RUN} at step {r['step']}" in log
+    assert log.count("checkpoint saved, rerun to resume") == len(begins) - 1
+
+    ledger, reference = _ledger(run_dir), _ledger(workdir / "reference")
+    assert [r["step"] for r in ledger] == list(range(LIMITED_STEPS))          # every step exactly once
+    assert len(reference) == LIMITED_STEPS
+    for cut, whole in zip(ledger, reference):                                  # the same steps, FLOPs, tokens, numbers
+        assert {k: v for k, v in cut.items() if k not in TIMING} == {k: v for k, v in whole.items() if k not in TIMING}
+    summary, ref_summary = (json.loads((d / "done.json").read_text()) for d in (run_dir, workdir / "reference"))
+    assert summary["cumulative_flops"] == ref_summary["cumulative_flops"] == ledger[-1]["cumulative_flops"]
+    assert summary["final_eval"] == ref_summary["final_eval"]
+
+
+def test_a_retry_after_a_real_error_does_not_train(time_limited_run):
+    """A real error is not trained into again: the run stops at a NaN loss (exit 3), its retry refuses in seconds
+    (exit 4, before loading a model) and Snakemake reports the failure."""
+    from opdgrpo.attempts import records
+
+    workdir, _ = time_limited_run
+    run = "grpo-student-code-s0"
+    args = (f"results/smoke/runs/{run}/done.json", "--config", "profile=smoke", "overrides=[methods.grpo.steps=2]",
+            "--preemptible-retries", "1")
+    t0 = time.time()
+    done = subprocess.run(slurm_snakemake(workdir, *args), capture_output=True, text=True, timeout=400,
+                          env={**os.environ, "OPDGRPO_FAULT": "nan_loss:1"})   # sbatch --export=ALL passes it on
+    assert done.returncode != 0, done.stdout[-3000:] + done.stderr[-3000:]
+    seen = records(workdir / "results" / "smoke" / "runs" / run)
+    assert [(r["attempt"], r.get("end", "begin")) for r in seen] == [(1, "begin"), (1, "nonfinite")], seen
+    log = (workdir / "results" / "smoke" / "logs" / f"{run}.log").read_text()
+    assert "error: attempt 2: not training, attempt 1 ended nonfinite" in log, log[-3000:]
+    assert not (workdir / "results" / "smoke" / "runs" / run / "done.json").exists()
+    print(f"a NaN stop, then a refused retry, through SLURM: {time.time() - t0:.0f} s")
