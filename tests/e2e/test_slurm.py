@@ -278,7 +278,7 @@ def test_a_job_with_two_processes_runs_them_inside_its_allocation(slurm_and_loca
 # every 30 s, so it arrives 30 to 60 s into the job); each attempt trains until then, checkpoints, exits 130, and
 # Snakemake resubmits it (the profile's preemptible-retries) until the run completes.
 LIMITED_RUN = "grpo-student-math-s0"
-LIMITED_STEPS = 60
+LIMITED_STEPS = 200
 LIMIT_MIN, WARNING_S = 1, 30
 TIMING = ("wall_s", "achieved_flops_per_s")
 
