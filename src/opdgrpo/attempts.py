@@ -86,6 +86,14 @@ def begin(run_dir: Path, attempt: int) -> int:
                 raise NotRetried(f"attempt {attempt}: not training, attempt {prev['attempt']} ({how}) left no checkpoint "
                                  f"past step {prev['step']}: the allocation is too short for a step and a checkpoint "
                                  "after the warning signal (raise resources.train.runtime or the --signal lead time)")
+        # Snakemake deletes the job log before each attempt: it starts with what the earlier ones did.
+        first = max((i for i in starts if seen[i]["attempt"] == 1), default=0)
+        for i, r in enumerate(seen[first:], first):
+            if "begin" in r:
+                after = next((e for e in seen[i + 1:] if "end" in e or "begin" in e), {})
+                print(f"== attempt {r['attempt']} (SLURM job {r.get('slurm_job') or '-'}, began {r['begin']}): "
+                      f"from step {r['step']}, {after.get('end', 'killed')} at checkpoint step {after.get('step', step)}",
+                      file=sys.stderr, flush=True)
     _append(run_dir, {"attempt": attempt, "begin": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": step,
                       "slurm_job": os.environ.get("SLURM_JOB_ID")})
     print(f"== attempt {attempt} (SLURM job {os.environ.get('SLURM_JOB_ID', '-')}): "

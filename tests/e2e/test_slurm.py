@@ -327,11 +327,16 @@ def test_a_run_longer_than_its_time_limit_finishes_over_several_allocations(time
     starts = [r["step"] for r in begins]
     assert starts[0] == 0 and all(a < b for a, b in zip(starts, starts[1:]))   # every attempt made progress
     assert [r["step"] for r in ends[:-1]] == starts[1:]                        # each resumed where the last stopped
+    # Snakemake deletes the job log before each attempt; the last one's log starts with every earlier attempt
     log = (workdir / "results" / "smoke" / "logs" / f"{LIMITED_RUN}.log").read_text()
-    for r in begins[1:]:                                                       # every attempt in the one job log
-        assert f"== attempt {r['attempt']} (SLURM job {r['slurm_job']}): resuming at step {r['step']}" in log, log[-3000:]
-        assert f"resuming {LIMITED_RUN} at step {r['step']}" in log
-    assert log.count("checkpoint saved, rerun to resume") == len(begins) - 1
+    for r, e in zip(begins[:-1], ends):
+        assert (f"== attempt {r['attempt']} (SLURM job {r['slurm_job']}, began {r['begin']}): from step {r['step']}, "
+                f"interrupted at checkpoint step {e['step']}") in log, log[:3000]
+    last = begins[-1]
+    assert f"== attempt {last['attempt']} (SLURM job {last['slurm_job']}): resuming at step {last['step']}" in log
+    assert f"resuming {LIMITED_RUN} at step {last['step']}" in log
+    assert f"== attempt {last['attempt']}: done at checkpoint step {LIMITED_STEPS}" in log
+    assert "Error in rule grpo" in out and "== attempt 1 (SLURM job" in out, out[-3000:]   # shown as a failed job log
 
     ledger, reference = _ledger(run_dir), _ledger(workdir / "reference")
     assert [r["step"] for r in ledger] == list(range(LIMITED_STEPS))          # every step exactly once

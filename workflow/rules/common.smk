@@ -77,10 +77,7 @@ localrules:
     publish,
 
 
-# A training job. `resources.attempt` is Snakemake's attempt (the SLURM profile's `retries` resubmit a job stopped
-# at its time limit): attempt 1 starts the log afresh, later ones append to it, and the trainer refuses a retry
-# after a real error (opdgrpo.attempts), so retries only continue interrupted runs.
-TRAIN_SHELL = (
-    "if [ {resources.attempt} -eq 1 ]; then : > {log}; fi; "
-    "{TRAIN_CMD} train --out {params.out} --config-json {params.cfg:q} --attempt {resources.attempt} >> {log} 2>&1"
-)
+# A training job. `resources.attempt` is Snakemake's attempt (the SLURM profile resubmits a training job stopped at
+# its time limit): the trainer refuses a retry after a real error (opdgrpo.attempts), so retries only continue
+# interrupted runs. Snakemake deletes the log before each attempt; the trainer starts it with the earlier attempts.
+TRAIN_SHELL = "{TRAIN_CMD} train --out {params.out} --config-json {params.cfg:q} --attempt {resources.attempt} > {log} 2>&1"
