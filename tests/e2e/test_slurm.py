@@ -1,11 +1,14 @@
 """The smoke DAG on a real one-node SLURM cluster (munge, slurmctld, slurmd on 127.0.0.1) through the SLURM
 profile (workflow/profiles/slurm, snakemake-executor-plugin-slurm), against a local run of the same DAG; then a
 training job stopped by `scancel --signal=TERM` (what the profile's `--signal=TERM@120` sends before a time limit
-or preemption) that checkpoints, exits 130 and resumes on the next `snakemake` run.
+or preemption) that checkpoints, exits 130 and resumes on the next `snakemake` run; a run with a 1-minute time limit
+that Snakemake resubmits until it completes, every step once, its ledger equal to an uninterrupted run's; and a
+retry after a real error (a NaN stop) that refuses to train.
 
 Needs root and apt-get (Debian/Ubuntu) to install and start the daemons; skipped with the reason otherwise.
 Wall time: about 6.5 minutes on 2 busy cores (Debian 12, SLURM 22.05, plugin 2.8), most of it the smoke DAG
-computed twice (through SLURM and locally, side by side); the SIGTERM/resume cycle about 75 s."""
+computed twice (through SLURM and locally, side by side); the SIGTERM/resume cycle about 75 s. The time-limited run
+and the refused retry need only their own upstream: about 2.5 and 2 minutes (`-k "time_limit or real_error"`)."""
 
 from __future__ import annotations
 
@@ -218,7 +221,8 @@ def test_sigterm_checkpoints_and_a_rerun_resumes(slurm_and_local_dags):
     workdir = slurm_and_local_dags[0]
     run_dir = workdir / "results" / "smoke" / "runs" / RESUME_RUN
     target = f"results/smoke/runs/{RESUME_RUN}/done.json"
-    args = (target, "--config", "profile=smoke", f"overrides=[methods.grpo.steps={RESUME_STEPS}]")
+    args = (target, "--config", "profile=smoke", f"overrides=[methods.grpo.steps={RESUME_STEPS}]",
+            "--preemptible-retries", "0")   # no resubmission here: this is the resume by a second `snakemake` call
     first = subprocess.Popen(slurm_snakemake(workdir, *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     jobid, deadline = None, time.time() + 180
     while time.time() < deadline and first.poll() is None:
