@@ -302,9 +302,10 @@ def time_limited_run(slurm_cluster, tmp_path_factory):
                               capture_output=True, text=True, timeout=300)   # tokenizer and student, locally
     assert upstream.returncode == 0, upstream.stdout[-3000:] + upstream.stderr[-3000:]
     t_up = time.time()
+    # the job config exactly as the rule passes it (workflow/rules/common.smk job_config: sorted keys)
     cfg = build_plan(compose(["profile=smoke", *overrides], REPO / "conf")).jobs[LIMITED_RUN].config
     reference = subprocess.Popen([sys.executable, "-m", "opdgrpo.cli", "train", "--out", "reference",
-                                  "--config-json", json.dumps(cfg)], cwd=workdir, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+                                  "--config-json", json.dumps(cfg, sort_keys=True)], cwd=workdir, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     done = subprocess.run(slurm_snakemake(workdir, *args, warning_s=WARNING_S), capture_output=True, text=True, timeout=700)
     ref_out, _ = reference.communicate(timeout=300)
