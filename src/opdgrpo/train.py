@@ -184,6 +184,7 @@ def _loop(run: Run, stop: dict[str, Any]) -> dict[str, Any]:
             _evaluate(run, step)
         t0 = time.time()
         stats = _step(run, step).all_reduce(run.workers)
+        faults.pace(t0)
         run.cumulative += sum(stats.flops.values())
         wall = max(time.time() - t0, 1e-9)
         line = stats.ledger_line(step, run.cumulative, run.optimizer.param_groups[0]["lr"], wall,

@@ -281,9 +281,10 @@ def test_a_job_with_two_processes_runs_them_inside_its_allocation(slurm_and_loca
 # A run longer than its allocation: 1-minute time limit, the warning SIGTERM 5 s before it; slurmctld checks time
 # limits every 30 s and sends the warning once `now + 30 s + 5 s` passes the limit, so it arrives 25 to 55 s into
 # the job. Each attempt trains until then, checkpoints, exits 130, and Snakemake resubmits it (the profile's
-# preemptible-retries) until the run completes: about 3 attempts here.
+# preemptible-retries) until the run completes. Steps last at least PACE_S (OPDGRPO_FAULT=pace: a sleep, numbers
+# unchanged), so the run needs over 55 s of steps and at least 2 attempts on any machine: 2 or 3 here.
 LIMITED_RUN = "grpo-student-math-s0"
-LIMITED_STEPS = 150
+LIMITED_STEPS, PACE_S = 120, 0.5
 LIMIT_MIN, WARNING_S = 1, 5
 TIMING = ("wall_s", "achieved_flops_per_s")
 
@@ -307,7 +308,8 @@ def time_limited_run(slurm_cluster, tmp_path_factory):
     reference = subprocess.Popen([sys.executable, "-m", "opdgrpo.cli", "train", "--out", "reference",
                                   "--config-json", json.dumps(cfg, sort_keys=True)], cwd=workdir, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    done = subprocess.run(slurm_snakemake(workdir, *args, warning_s=WARNING_S), capture_output=True, text=True, timeout=700)
+    done = subprocess.run(slurm_snakemake(workdir, *args, warning_s=WARNING_S), capture_output=True, text=True,
+                          timeout=700, env={**os.environ, "OPDGRPO_FAULT": f"pace:{PACE_S}"})   # sbatch --export=ALL
     ref_out, _ = reference.communicate(timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     assert reference.returncode == 0, ref_out[-3000:]
@@ -364,7 +366,7 @@ def test_a_retry_after_a_real_error_does_not_train(time_limited_run):
             "--preemptible-retries", "1")
     t0 = time.time()
     done = subprocess.run(slurm_snakemake(workdir, *args), capture_output=True, text=True, timeout=400,
-                          env={**os.environ, "OPDGRPO_FAULT": "nan_loss:1"})   # sbatch --export=ALL passes it on
+                          env={**os.environ, "OPDGRPO_FAULT": "nan_loss:1"})
     assert done.returncode != 0, done.stdout[-3000:] + done.stderr[-3000:]
     seen = records(workdir / "results" / "smoke" / "runs" / run)
     assert [(r["attempt"], r.get("end", "begin")) for r in seen] == [(1, "begin"), (1, "nonfinite")], seen
