@@ -279,8 +279,8 @@ def test_a_job_with_two_processes_runs_them_inside_its_allocation(slurm_and_loca
 
 
 # A run longer than its allocation: 1-minute time limit, the warning SIGTERM 5 s before it; slurmctld checks time
-# limits every 30 s and sends the warning once `now + 30 s + 5 s` passes the limit, so it arrives 25 to 55 s into
-# the job, of which the job's own Snakemake and the trainer's start take 10 to 15 s. Each attempt trains until
+# limits about every 30 s and sends the warning once `now + 30 s + 5 s` passes the limit, so it arrives 20 to 55 s
+# into the job, of which the job's own Snakemake and the trainer's start take 10 to 15 s. Each attempt trains until
 # then, checkpoints, exits 130, and Snakemake resubmits it (the profile's preemptible-retries) until the run
 # completes. Steps last at least PACE_S (OPDGRPO_FAULT=pace: a sleep, numbers unchanged), so the run needs 52 s of
 # steps, more than one allocation gives, on any machine: 2 or 3 attempts of about 65 s each (the plugin polls
