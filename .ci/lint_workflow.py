@@ -16,7 +16,7 @@ ALLOWED = {
     (r".*", r"Specify a conda environment or container for each rule\."):
         "the jobs run this repository's package (pip install -e .) with the interpreter that runs Snakemake "
         "(OPDGRPO in workflow/rules/common.smk); there is no per-rule software environment to declare",
-    (r"tokenizer|pretrain|difficulty|report", r"Shell command directly uses variable OPDGRPO from outside of the rule"):
+    (r"tokenizer|model_tokenizer|pretrain|difficulty|report", r"Shell command directly uses variable OPDGRPO from outside of the rule"):
         "OPDGRPO is the launcher (this interpreter's path + `-m opdgrpo.cli`), not a parameter of the computation; "
         "as a param it would enter Snakemake's params rerun trigger and rerun every job whenever the venv moves",
     (r"grpo|opd", r"Shell command directly uses variable TRAIN_CMD from outside of the rule"):

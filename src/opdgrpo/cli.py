@@ -68,16 +68,39 @@ def cmd_pretrain(args) -> int:
 
 
 def cmd_train(args) -> int:
+    """Exit 0 done, 130 interrupted by a signal (checkpointed: a retry or rerun resumes), 3 a non-finite step,
+    4 a retry that refuses to train (opdgrpo.attempts), 1 any other error."""
+    import os
+
+    from . import attempts
     from .train import Interrupted, NonFinite, train
+
+    main_process = int(os.environ.get("RANK", "0")) == 0   # under torchrun only rank 0 keeps the attempt records
+    if main_process:
+        try:
+            attempts.begin(args.out, args.attempt)
+        except attempts.NotRetried as err:
+            print(f"error: {err}", file=sys.stderr)
+            return attempts.NOT_RETRIED
+
+    def ended(how: str, error: str | None = None) -> None:
+        if main_process:
+            attempts.end(args.out, args.attempt, how, error)
 
     try:
         summary = train(_job_config(args), args.out)
     except Interrupted as err:
         print(err, file=sys.stderr)
-        return 130
+        ended("interrupted")
+        return attempts.INTERRUPTED
     except NonFinite as err:   # a NaN/inf step: the message names the run, step and component
         print(f"error: {err}", file=sys.stderr)
-        return 3
+        ended("nonfinite", str(err))
+        return attempts.NONFINITE
+    except BaseException as err:   # a crash (or KeyboardInterrupt outside the loop): recorded, then raised as ever
+        ended("crashed", f"{type(err).__name__}: {err}")
+        raise
+    ended("done")
     print(json.dumps({k: summary[k] for k in ("run", "steps", "cumulative_flops", "final_eval", "wall_s")}))
     return 0
 
@@ -114,6 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, func in (("tokenizer", cmd_tokenizer), ("pretrain", cmd_pretrain), ("difficulty", cmd_difficulty), ("train", cmd_train)):
         p = sub.add_parser(name, help=f"run one {name} job")
         _add_job_args(p)
+        if name == "train":
+            p.add_argument("--attempt", type=int, default=1,
+                           help="Snakemake's attempt number (retries): a retry trains only if the previous attempt "
+                                "was interrupted and made progress (opdgrpo.attempts)")
         p.set_defaults(func=func)
     sub.add_parser("report", help="build the report from run directories (opdgrpo report --help)")
     sub.add_parser("savings", help="matched-accuracy savings of experts + OPD against joint GRPO (opdgrpo savings --help)")

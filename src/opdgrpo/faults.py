@@ -5,7 +5,9 @@
 preempted node would: ``rollout``, ``update``, ``eval``, ``checkpoint_write``, ``checkpoint_rename``. Poison points
 (:func:`poison`) are asked by the trainer whether to put a NaN into a tensor: ``nan_loss``, ``nan_logits``,
 ``nan_teacher``, ``nan_reference``, ``nan_reward``. ``step`` is the training step (for checkpoints: the step the
-checkpoint records; for ``eval``: the step the eval is logged at).
+checkpoint records; for ``eval``: the step the eval is logged at). ``pace:<seconds>`` (:func:`pace`) makes every
+training step last at least that long, as a step of a large model would (a run cut by a time limit, whatever the
+machine's speed).
 
 With the variable unset every call is one dictionary lookup; nothing else runs.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 ENV = "OPDGRPO_FAULT"
 
@@ -36,3 +39,14 @@ def poison(point: str, step: int) -> bool:
     """Whether the caller should put a NaN into its tensor at this point (the caller does it, so the clean path
     stays byte-for-byte what it was)."""
     return armed(point, step)
+
+
+def pace(started: float) -> None:
+    """Sleep until ``started`` + the ``pace:<seconds>`` of ``OPDGRPO_FAULT``, if it names one (numbers unchanged)."""
+    spec = os.environ.get(ENV)
+    if not spec:
+        return
+    for item in spec.split(","):
+        point, _, seconds = item.strip().partition(":")
+        if point == "pace":
+            time.sleep(max(0.0, started + float(seconds) - time.time()))

@@ -158,11 +158,13 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     workers = Workers.from_config(cfg["train"])
     try:
         # The main process owns the run directory; the others only read checkpoints it wrote.
-        with run_dir_lock(Path(run_dir)) if workers.is_main else contextlib.nullcontext():
+        # Signals are noted from here on: SLURM's warning arriving while the models load stops the run after its
+        # first step (checkpointed) instead of killing it with nothing saved.
+        with run_dir_lock(Path(run_dir)) if workers.is_main else contextlib.nullcontext(), _stop_requests() as stop:
             started = time.time()
             run = _setup(cfg, Path(run_dir), workers)
             try:
-                return _finish(run, _loop(run), started)
+                return _finish(run, _loop(run, stop), started)
             finally:
                 if run.tracker:
                     run.tracker.close()
@@ -174,31 +176,32 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
 # The loop
 
 
-def _loop(run: Run) -> dict[str, Any]:
-    """Every step from ``run.start``, then the final evaluation and checkpoint; returns the final evaluation."""
+def _loop(run: Run, stop: dict[str, Any]) -> dict[str, Any]:
+    """Every step from ``run.start``, then the final evaluation and checkpoint; returns the final evaluation.
+    ``stop["signal"]``: a SIGTERM/SIGINT noted by :func:`_stop_requests` (checkpoint and stop after the step)."""
     every = run.settings
-    with _stop_requests() as stop:
-        for step in range(run.start, every["steps"]):
-            if step % every["eval_every"] == 0:
-                _evaluate(run, step)
-            t0 = time.time()
-            stats = _step(run, step).all_reduce(run.workers)
-            run.cumulative += sum(stats.flops.values())
-            wall = max(time.time() - t0, 1e-9)
-            line = stats.ledger_line(step, run.cumulative, run.optimizer.param_groups[0]["lr"], wall,
-                                     losses=every["shards"] * every["updates_per_batch"])
-            if run.main:
-                append_jsonl(run.ledger, line)
-                run.tracker.step(line)
-                run.progress.step(step + 1, _progress_values(line, wall), wall)
-            stopping = run.workers.any(stop["signal"] is not None)
-            if (step + 1) % every["checkpoint_every"] == 0 or stopping:
-                _checkpoint(run, step + 1)
-            if stopping:
-                raise Interrupted(f"run {run.cfg['run_id']}: signal {stop['signal']} after step {step}; "
-                                  "checkpoint saved, rerun to resume")
-        final = _evaluate(run, every["steps"])
-        _checkpoint(run, every["steps"])
+    for step in range(run.start, every["steps"]):
+        if step % every["eval_every"] == 0:
+            _evaluate(run, step)
+        t0 = time.time()
+        stats = _step(run, step).all_reduce(run.workers)
+        faults.pace(t0)
+        run.cumulative += sum(stats.flops.values())
+        wall = max(time.time() - t0, 1e-9)
+        line = stats.ledger_line(step, run.cumulative, run.optimizer.param_groups[0]["lr"], wall,
+                                 losses=every["shards"] * every["updates_per_batch"])
+        if run.main:
+            append_jsonl(run.ledger, line)
+            run.tracker.step(line)
+            run.progress.step(step + 1, _progress_values(line, wall), wall)
+        stopping = run.workers.any(stop["signal"] is not None)
+        if (step + 1) % every["checkpoint_every"] == 0 or stopping:
+            _checkpoint(run, step + 1)
+        if stopping:
+            raise Interrupted(f"run {run.cfg['run_id']}: signal {stop['signal']} after step {step}; "
+                              "checkpoint saved, rerun to resume")
+    final = _evaluate(run, every["steps"])
+    _checkpoint(run, every["steps"])
     return final
 
 

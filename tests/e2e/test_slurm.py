@@ -1,11 +1,14 @@
 """The smoke DAG on a real one-node SLURM cluster (munge, slurmctld, slurmd on 127.0.0.1) through the SLURM
 profile (workflow/profiles/slurm, snakemake-executor-plugin-slurm), against a local run of the same DAG; then a
 training job stopped by `scancel --signal=TERM` (what the profile's `--signal=TERM@120` sends before a time limit
-or preemption) that checkpoints, exits 130 and resumes on the next `snakemake` run.
+or preemption) that checkpoints, exits 130 and resumes on the next `snakemake` run; a run with a 1-minute time limit
+that Snakemake resubmits until it completes, every step once, its ledger equal to an uninterrupted run's; and a
+retry after a real error (a NaN stop) that refuses to train.
 
 Needs root and apt-get (Debian/Ubuntu) to install and start the daemons; skipped with the reason otherwise.
 Wall time: about 6.5 minutes on 2 busy cores (Debian 12, SLURM 22.05, plugin 2.8), most of it the smoke DAG
-computed twice (through SLURM and locally, side by side); the SIGTERM/resume cycle about 75 s."""
+computed twice (through SLURM and locally, side by side); the SIGTERM/resume cycle about 75 s. The time-limited run
+and the refused retry need only their own upstream: about 3.5 minutes (3 attempts) and 1.5 (`-k "time_limit or real_error"`)."""
 
 from __future__ import annotations
 
@@ -157,12 +160,12 @@ def slurm_cluster(tmp_path_factory):
         assert not left, f"daemons still running after teardown: {left}"
 
 
-def slurm_snakemake(workdir: Path, *args: str, timeout_s: int = 600) -> list[str]:
+def slurm_snakemake(workdir: Path, *args: str, timeout_s: int = 600, warning_s: int = 120) -> list[str]:
     """Snakemake through the SLURM profile, with the test cluster's site settings. Snakemake ignores SIGTERM while
-    jobs run but stops on SIGINT, hence `timeout -s INT`."""
+    jobs run but stops on SIGINT, hence `timeout -s INT`. ``warning_s``: the lead time of the warning SIGTERM."""
     return ["timeout", "-s", "INT", str(timeout_s), *SNAKEMAKE, "--directory", str(workdir),
             "--workflow-profile", str(REPO / "workflow" / "profiles" / "slurm"),
-            "--default-resources", f"slurm_partition={PARTITION}", "slurm_extra='--signal=TERM@120'",
+            "--default-resources", f"slurm_partition={PARTITION}", f"slurm_extra='--signal=TERM@{warning_s}'",
             "--slurm-no-account",                                  # no slurmdbd here: no accounts to check
             "--slurm-status-command", "squeue",                    # sacct hangs without slurmdbd
             "--slurm-init-seconds-before-status-checks", str(FIRST_POLL_S),
@@ -218,7 +221,8 @@ def test_sigterm_checkpoints_and_a_rerun_resumes(slurm_and_local_dags):
     workdir = slurm_and_local_dags[0]
     run_dir = workdir / "results" / "smoke" / "runs" / RESUME_RUN
     target = f"results/smoke/runs/{RESUME_RUN}/done.json"
-    args = (target, "--config", "profile=smoke", f"overrides=[methods.grpo.steps={RESUME_STEPS}]")
+    args = (target, "--config", "profile=smoke", f"overrides=[methods.grpo.steps={RESUME_STEPS}]",
+            "--preemptible-retries", "0")   # no resubmission here: this is the resume by a second `snakemake` call
     first = subprocess.Popen(slurm_snakemake(workdir, *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     jobid, deadline = None, time.time() + 180
     while time.time() < deadline and first.poll() is None:
@@ -272,3 +276,103 @@ def test_a_job_with_two_processes_runs_them_inside_its_allocation(slurm_and_loca
     summary = json.loads((workdir / "results" / "smoke" / "runs" / run / "done.json").read_text())
     assert summary["processes"] == 2 and summary["steps"] == 3
     assert [r["step"] for r in _ledger(workdir / "results" / "smoke" / "runs" / run)] == [0, 1, 2]
+
+
+# A run longer than its allocation: 1-minute time limit, the warning SIGTERM 5 s before it; slurmctld checks time
+# limits about every 30 s and sends the warning once `now + 30 s + 5 s` passes the limit, so it arrives 20 to 55 s
+# into the job, of which the job's own Snakemake and the trainer's start take 10 to 15 s. Each attempt trains until
+# then, checkpoints, exits 130, and Snakemake resubmits it (the profile's preemptible-retries) until the run
+# completes. Steps last at least PACE_S (OPDGRPO_FAULT=pace: a sleep, numbers unchanged), so the run needs 52 s of
+# steps, more than one allocation gives, on any machine: 2 or 3 attempts of about 65 s each (the plugin polls
+# job states at growing intervals: 5, 20, 45, 80 s after submission).
+LIMITED_RUN = "grpo-student-math-s0"
+LIMITED_STEPS, PACE_S = 130, 0.4
+LIMIT_MIN, WARNING_S = 1, 5
+TIMING = ("wall_s", "achieved_flops_per_s")
+
+
+@pytest.fixture(scope="module")
+def time_limited_run(slurm_cluster, tmp_path_factory):
+    """The run through SLURM with a 1-minute limit, and the same job config uninterrupted, by hand, next to it."""
+    from opdgrpo.config import compose
+    from opdgrpo.plan import build_plan
+
+    workdir = tmp_path_factory.mktemp("time_limited")
+    overrides = [f"methods.grpo.steps={LIMITED_STEPS}", f"resources.train.runtime={LIMIT_MIN}"]
+    args = (f"results/smoke/runs/{LIMITED_RUN}/done.json", "--config", "profile=smoke", f"overrides=[{','.join(overrides)}]")
+    t0 = time.time()
+    upstream = subprocess.run([*SNAKEMAKE, "--directory", str(workdir), "--cores", "2", *args, "--omit-from", "grpo"],
+                              capture_output=True, text=True, timeout=300)   # tokenizer and student, locally
+    assert upstream.returncode == 0, upstream.stdout[-3000:] + upstream.stderr[-3000:]
+    t_up = time.time()
+    # the job config exactly as the rule passes it (workflow/rules/common.smk job_config: sorted keys)
+    cfg = build_plan(compose(["profile=smoke", *overrides], REPO / "conf")).jobs[LIMITED_RUN].config
+    reference = subprocess.Popen([sys.executable, "-m", "opdgrpo.cli", "train", "--out", "reference",
+                                  "--config-json", json.dumps(cfg, sort_keys=True)], cwd=workdir, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(slurm_snakemake(workdir, *args, warning_s=WARNING_S), capture_output=True, text=True,
+                          timeout=700, env={**os.environ, "OPDGRPO_FAULT": f"pace:{PACE_S}"})   # sbatch --export=ALL
+    ref_out, _ = reference.communicate(timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert reference.returncode == 0, ref_out[-3000:]
+    print(f"upstream locally {t_up - t0:.0f} s; the run through SLURM with a {LIMIT_MIN}-minute limit "
+          f"(and the reference beside it) {time.time() - t_up:.0f} s")
+    return workdir, done.stdout + done.stderr
+
+
+def test_a_run_longer_than_its_time_limit_finishes_over_several_allocations(time_limited_run):
+    from opdgrpo.attempts import records
+
+    workdir, out = time_limited_run
+    run_dir = workdir / "results" / "smoke" / "runs" / LIMITED_RUN
+    seen = records(run_dir)
+    begins = [r for r in seen if "begin" in r]
+    ends = [r for r in seen if "end" in r]
+    print("attempts:", json.dumps(seen, indent=None))
+    assert len(begins) >= 2, seen                                              # cut at least once
+    assert [r["attempt"] for r in begins] == list(range(1, len(begins) + 1))   # Snakemake's attempts 1, 2, ...
+    assert len({r["slurm_job"] for r in begins}) == len(begins)                # each its own allocation
+    assert [r["end"] for r in ends] == ["interrupted"] * (len(begins) - 1) + ["done"], seen
+    starts = [r["step"] for r in begins]
+    assert starts[0] == 0 and all(a < b for a, b in zip(starts, starts[1:]))   # every attempt made progress
+    assert [r["step"] for r in ends[:-1]] == starts[1:]                        # each resumed where the last stopped
+    # Snakemake deletes the job log before each attempt; the last one's log starts with every earlier attempt
+    log = (workdir / "results" / "smoke" / "logs" / f"{LIMITED_RUN}.log").read_text()
+    for r, e in zip(begins[:-1], ends):
+        assert (f"== attempt {r['attempt']} (SLURM job {r['slurm_job']}, began {r['begin']}): from step {r['step']}, "
+                f"interrupted at checkpoint step {e['step']}") in log, log[:3000]
+    last = begins[-1]
+    assert f"== attempt {last['attempt']} (SLURM job {last['slurm_job']}): resuming at step {last['step']}" in log
+    assert f"resuming {LIMITED_RUN} at step {last['step']}" in log
+    assert f"== attempt {last['attempt']}: done at checkpoint step {LIMITED_STEPS}" in log
+    assert "Error in rule grpo" in out and "== attempt 1 (SLURM job" in out, out[-3000:]   # shown as a failed job log
+
+    ledger, reference = _ledger(run_dir), _ledger(workdir / "reference")
+    assert [r["step"] for r in ledger] == list(range(LIMITED_STEPS))          # every step exactly once
+    assert len(reference) == LIMITED_STEPS
+    for cut, whole in zip(ledger, reference):                                  # the same steps, FLOPs, tokens, numbers
+        assert {k: v for k, v in cut.items() if k not in TIMING} == {k: v for k, v in whole.items() if k not in TIMING}
+    summary, ref_summary = (json.loads((d / "done.json").read_text()) for d in (run_dir, workdir / "reference"))
+    assert summary["cumulative_flops"] == ref_summary["cumulative_flops"] == ledger[-1]["cumulative_flops"]
+    assert summary["final_eval"] == ref_summary["final_eval"]
+
+
+def test_a_retry_after_a_real_error_does_not_train(time_limited_run):
+    """A real error is not trained into again: the run stops at a NaN loss (exit 3), its retry refuses in seconds
+    (exit 4, before loading a model) and Snakemake reports the failure."""
+    from opdgrpo.attempts import records
+
+    workdir, _ = time_limited_run
+    run = "grpo-student-code-s0"
+    args = (f"results/smoke/runs/{run}/done.json", "--config", "profile=smoke", "overrides=[methods.grpo.steps=2]",
+            "--preemptible-retries", "1")
+    t0 = time.time()
+    done = subprocess.run(slurm_snakemake(workdir, *args), capture_output=True, text=True, timeout=400,
+                          env={**os.environ, "OPDGRPO_FAULT": "nan_loss:1"})
+    assert done.returncode != 0, done.stdout[-3000:] + done.stderr[-3000:]
+    seen = records(workdir / "results" / "smoke" / "runs" / run)
+    assert [(r["attempt"], r.get("end", "begin")) for r in seen] == [(1, "begin"), (1, "nonfinite")], seen
+    log = (workdir / "results" / "smoke" / "logs" / f"{run}.log").read_text()
+    assert "error: attempt 2: not training, attempt 1 ended nonfinite" in log, log[-3000:]
+    assert not (workdir / "results" / "smoke" / "runs" / run / "done.json").exists()
+    print(f"a NaN stop, then a refused retry, through SLURM: {time.time() - t0:.0f} s")

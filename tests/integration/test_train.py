@@ -136,6 +136,31 @@ def test_sigterm_checkpoints_and_a_rerun_resumes(smoke_world, tmp_path):
     assert steps == list(range(40)) and stopped_at < 40
 
 
+def test_a_signal_while_the_models_load_stops_after_one_checkpointed_step(smoke_world, tmp_path, monkeypatch):
+    """SLURM's warning can arrive before the first step (a paper-scale model loads for minutes): it is noted, not
+    fatal; the run trains one step, checkpoints and stops, so its next attempt resumes past it."""
+    import torch
+
+    from opdgrpo import train as train_mod
+    from opdgrpo.train import Interrupted
+
+    _, plan = smoke_world
+    cfg = _config(plan, "grpo-student-math-s0", tmp_path, steps=5)
+    cfg["train"] = dict(cfg["train"], checkpoint_every=1000, eval_every=1000)
+    real_setup = train_mod._setup
+
+    def setup_with_a_signal(*args):
+        os.kill(os.getpid(), signal.SIGTERM)   # arrives while the run is being set up
+        return real_setup(*args)
+
+    monkeypatch.setattr(train_mod, "_setup", setup_with_a_signal)
+    run_dir = tmp_path / "early"
+    with pytest.raises(Interrupted, match="after step 0"):
+        train(cfg, run_dir)
+    assert [r["step"] for r in read_jsonl(run_dir / "ledger.jsonl")] == [0]
+    assert torch.load(run_dir / "checkpoint" / "trainer_state.pt", weights_only=False)["step"] == 1
+
+
 def test_changed_config_starts_over(smoke_world, tmp_path):
     _, plan = smoke_world
     cfg = _config(plan, "grpo-student-math-s0", tmp_path, steps=2)

@@ -14,8 +14,9 @@ rule opd:
     threads: THREADS
     resources:
         **job_resources("train"),
+        attempt=lambda w, attempt: attempt,
     params:
         cfg=lambda w: job_config(w.run),
         out=lambda w: PLAN.jobs[w.run].out_dir,
     shell:
-        "{TRAIN_CMD} train --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"
+        TRAIN_SHELL
