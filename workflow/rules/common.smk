@@ -80,4 +80,6 @@ localrules:
 # A training job. `resources.attempt` is Snakemake's attempt (the SLURM profile resubmits a training job stopped at
 # its time limit): the trainer refuses a retry after a real error (opdgrpo.attempts), so retries only continue
 # interrupted runs. Snakemake deletes the log before each attempt; the trainer starts it with the earlier attempts.
-TRAIN_SHELL = "{TRAIN_CMD} train --out {params.out} --config-json {params.cfg:q} --attempt {resources.attempt} > {log} 2>&1"
+TRAIN_SHELL = (
+    "{TRAIN_CMD} train --out {params.out} --config-json {params.cfg:q} --attempt {resources.attempt} > {log} 2>&1"
+)
