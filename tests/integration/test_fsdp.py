@@ -132,6 +132,22 @@ def test_fsdp_clips_by_the_global_norm_and_updates_as_one_process(tmp_path):
     assert main["optimizer_round_trip_diff"] == 0.0
 
 
+def _assert_same_steps(one: Path, two: Path) -> tuple[list, list, dict, dict]:
+    """Steps 0 and 1 of the two runs agree: FLOPs and tokens exactly, loss and gradient norm to 1e-5 relative, every
+    weight to rtol 1e-5 / atol 1e-6 (the module docstring says why). Returns both ledgers and both weight sets."""
+    a, b = _ledger(one), _ledger(two)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1]
+    for ra, rb in zip(a, b):
+        assert (ra["flops"], ra["tokens"], ra["cumulative_flops"]) == (rb["flops"], rb["tokens"], rb["cumulative_flops"])
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5, abs=1e-7)
+        assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-5)
+    wa, wb = _weights(one), _weights(two)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wb[name], wa[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    return a, b, wa, wb
+
+
 @pytest.mark.parametrize("method", ["opd", "grpo-knobs"])
 def test_fsdp_two_processes_equal_one_process(smoke_world, knowing_student, tmp_path, method):
     """OPD (a gradient at every step), and GRPO with two updates per batch in two mini-batches and a reference KL
@@ -153,17 +169,9 @@ def test_fsdp_two_processes_equal_one_process(smoke_world, knowing_student, tmp_
     fsdp_cfg["train"].update({"distributed": "fsdp", "fsdp": {"param_dtype": "float32"}, "activation_checkpointing": True})
     _run(_train_args(fsdp_cfg, two))
     assert json.loads((two / "done.json").read_text())["processes"] == 2
-    a, b = _ledger(one), _ledger(two)
-    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1]
+    a, b, wa, wb = _assert_same_steps(one, two)
     for ra, rb in zip(a, b):
-        assert (ra["flops"], ra["tokens"], ra["cumulative_flops"]) == (rb["flops"], rb["tokens"], rb["cumulative_flops"])
         assert (ra["reward"], ra["mean_response_length"]) == (rb["reward"], rb["mean_response_length"])
-        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5, abs=1e-7)
-        assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-5)
-    wa, wb = _weights(one), _weights(two)
-    assert wa.keys() == wb.keys()
-    for name in wa:
-        torch.testing.assert_close(wb[name], wa[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
     base = load_file(str(Path(cfg["student"]["path"]) / "model.safetensors"))
     print("fsdp vs one process: largest weight difference", max(float((wa[n] - wb[n]).abs().max()) for n in wa),
           "largest update", max(float((wa[n] - base[n]).abs().max()) for n in wa),
@@ -204,16 +212,7 @@ def test_fsdp_sharded_teachers_and_logit_chunks_equal_one_process(smoke_world, t
     for line in sharded:
         held, total = (int(w) for w in line.split(", ")[1].split()[:4:3])
         assert held < 0.6 * total   # about half (a row count not divisible by 2 leaves one more row on one)
-    a, b = _ledger(one), _ledger(two)
-    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1]
-    for ra, rb in zip(a, b):
-        assert (ra["flops"], ra["tokens"], ra["cumulative_flops"]) == (rb["flops"], rb["tokens"], rb["cumulative_flops"])
-        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5, abs=1e-7)
-        assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-5)
-    wa, wb = _weights(one), _weights(two)
-    assert wa.keys() == wb.keys()
-    for name in wa:
-        torch.testing.assert_close(wb[name], wa[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    a, b, wa, wb = _assert_same_steps(one, two)
     print("sharded teachers,", run, "chunk", chunk, ": largest weight difference",
           max(float((wa[n] - wb[n]).abs().max()) for n in wa),
           "losses", [(ra["loss"], rb["loss"]) for ra, rb in zip(a, b)],
