@@ -41,6 +41,7 @@ with open(deps, "w") as out:
 with open(held, "w") as out:
     print(*(f"{pkg}=={version(pkg)}" for pkg in ("torch", "transformers")), sep="\n", file=out)
 PY
+echo "install.sh: pip's notes that vLLM wants transformers<5.20, torchvision, torchaudio and torchcodec are expected" >&2
 pip install --quiet -r "$deps" -c "$held"
 pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 VLLM_LOGGING_LEVEL=ERROR python -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"

@@ -66,3 +66,17 @@ def build_engine(name: str, model: torch.nn.Module, tokenizer, *, scratch: Path 
     if scratch is None:
         raise ValueError("train.engine vllm needs a scratch directory to save the model it starts from")
     return VLLMEngine.for_model(model, tokenizer, scratch, settings=settings, seed=seed)
+
+
+def checkpoint_engine(cfg: Mapping[str, Any], path: str | Path, model: torch.nn.Module) -> Engine | None:
+    """For jobs that sample a saved model without training it (base-model evaluation, S2's difficulty job): None
+    under ``engine: hf`` (or no key: the project's sampler on ``model``), else a vLLM engine on the checkpoint
+    directory ``path`` itself (no copy), with the job's ``vllm`` settings. ``model`` gives the FLOP formulas' config."""
+    name = str(cfg.get("engine") or "hf")
+    if name == "hf":
+        return None
+    if name != "vllm":
+        raise ValueError(f"config key `train.engine`: must be one of {list(schema.allowed('train', 'engine'))}, got {name!r}")
+    from .vllm_engine import VLLMEngine
+
+    return VLLMEngine(Path(path), model.config, settings=cfg.get("vllm") or {}, seed=int(cfg.get("seed") or 0))
