@@ -113,6 +113,22 @@ def _frequencies(rollouts, pos: int, vocab: int) -> torch.Tensor:
     return torch.bincount(tokens, minlength=vocab).float() / len(tokens)
 
 
+def test_vllm_serves_evaluation_and_difficulty_as_hf_does_when_greedy(engine_world, smoke_world):
+    """The other samplers' seam: held-out evaluation and S2's solve rates, greedy, equal under both engines."""
+    from opdgrpo.difficulty import solve_rates
+    from opdgrpo.evaluation import evaluate
+
+    model, tokenizer, _, engine = engine_world
+    domain = build_domain(smoke_world[0]["domains"]["math"])
+    tasks = domain.heldout_sets()["amc"][:16]
+    settings = {"temperature": 0.0, "max_new_tokens": 16, "batch_size": 8, "seed": 0}
+    ours, _ = evaluate(model, tokenizer, {"math": domain}, {"math": {"amc": tasks}}, k=1, **settings)
+    theirs, _ = evaluate(model, tokenizer, {"math": domain}, {"math": {"amc": tasks}}, k=1, engine=engine, **settings)
+    assert [(r["accuracy"], r["mean_response_length"]) for r in theirs] == [(r["accuracy"], r["mean_response_length"]) for r in ours]
+    assert solve_rates(model, tokenizer, domain, tasks, k=1, engine=engine, **settings)[0] == \
+        solve_rates(model, tokenizer, domain, tasks, k=1, **settings)[0]
+
+
 def test_vllm_follows_an_optimizer_step_in_memory(engine_world):
     """After one AdamW step on the trainer's copy and ``sync``, the engine's log-probs are the updated model's (and
     no longer the old one's); syncing the old weights back restores them."""

@@ -166,12 +166,20 @@ def _sampled_logprobs(completion) -> list[float]:
     return [float(pos[tid].logprob) for tid, pos in zip(completion.token_ids, completion.logprobs)]
 
 
+def _cut_at_stop(ids: list[int], lps: list[float], stops: set[int]) -> tuple[list[int], list[float], bool]:
+    """A row up to and including its first stop token (vLLM ends a request there; this makes sure), and whether
+    it stopped."""
+    at = next((j for j, t in enumerate(ids) if t in stops), None)
+    return (ids, lps, False) if at is None else (ids[:at + 1], lps[:at + 1], True)
+
+
 def _rollouts(config: Any, prompts: list[list[int]], rows: list[tuple[list[int], list[float]]], stops: set[int],
               pad_token_id: int) -> Rollouts:
     """The engine's rows in the project's rollout structure: left-padded prompts, completions padded on the right,
     the mask up to and including a stop token; FLOPs and token counts of what was computed (no padding)."""
+    rows = [_cut_at_stop(ids, lps, stops) for ids, lps in rows]
     prompt_len = max(len(p) for p in prompts)
-    steps = max(1, max(len(ids) for ids, _ in rows))
+    steps = max(1, max(len(ids) for ids, _, _ in rows))
     batch = len(prompts)
     sequences = torch.full((batch, prompt_len + steps), pad_token_id, dtype=torch.long)
     prompt_mask = torch.zeros((batch, prompt_len), dtype=torch.long)
@@ -179,18 +187,15 @@ def _rollouts(config: Any, prompts: list[list[int]], rows: list[tuple[list[int],
     logprobs = torch.zeros((batch, steps), dtype=torch.float32)
     finished = torch.zeros(batch, dtype=torch.bool)
     completions, flops, computed = [], 0.0, 0
-    for i, (prompt, (ids, lps)) in enumerate(zip(prompts, rows)):
-        ids = ids[:steps]
-        stop_at = next((j for j, t in enumerate(ids) if t in stops), None)
-        if stop_at is not None:
-            ids, lps, finished[i] = ids[:stop_at + 1], lps[:stop_at + 1], True
+    for i, (prompt, (ids, lps, stopped)) in enumerate(zip(prompts, rows)):
+        finished[i] = stopped
         sequences[i, prompt_len - len(prompt):prompt_len] = torch.tensor(prompt, dtype=torch.long)
         prompt_mask[i, prompt_len - len(prompt):] = 1
         if ids:
             sequences[i, prompt_len:prompt_len + len(ids)] = torch.tensor(ids, dtype=torch.long)
             completion_mask[i, :len(ids)] = True
             logprobs[i, :len(ids)] = torch.tensor(lps, dtype=torch.float32)
-        completions.append(ids[:stop_at] if stop_at is not None else ids)
+        completions.append(ids[:-1] if stopped else ids)
         flops += flop_formulas.generate_flops(config, 1, len(prompt), len(ids))
         computed += len(prompt) + max(len(ids) - 1, 0)
     return Rollouts(sequences=sequences, attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=-1),
