@@ -45,6 +45,11 @@ class Rollouts:
     # (vLLM: opdgrpo.engines); None from this module's sampler, whose log-probs the trainer recomputes anyway
     logprobs: torch.Tensor | None = None
 
+    def to(self, device: torch.device) -> "Rollouts":
+        """The same rollouts with their tensors on ``device`` (an engine that samples elsewhere: vLLM)."""
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()}
+        return Rollouts(**moved)
+
 
 def _choose(
     logits: torch.Tensor, temperature: float, top_p: float, top_k: int, generator: torch.Generator | None

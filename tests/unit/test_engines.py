@@ -58,6 +58,9 @@ def test_engine_rows_become_rollouts_with_the_flops_they_cost():
     assert out.logprobs.tolist() == [[-0.5, -0.25, -1.0], [pytest.approx(-0.1), pytest.approx(-0.2), pytest.approx(-0.3)]]
     assert out.flops == F.generate_flops(CONFIG, 1, 2, 3) + F.generate_flops(CONFIG, 1, 1, 3)
     assert out.tokens_computed == (2 + 2) + (1 + 2)
+    moved = out.to(torch.device("cpu"))   # the engine puts them on the trainer's device
+    assert torch.equal(moved.sequences, out.sequences) and torch.equal(moved.logprobs, out.logprobs)
+    assert moved.completions == out.completions and moved.flops == out.flops
 
 
 def _shard(engine_logprobs: list[list[float]], mask: list[list[bool]]) -> Shard:

@@ -79,4 +79,5 @@ def checkpoint_engine(cfg: Mapping[str, Any], path: str | Path, model: torch.nn.
         raise ValueError(f"config key `train.engine`: must be one of {list(schema.allowed('train', 'engine'))}, got {name!r}")
     from .vllm_engine import VLLMEngine
 
-    return VLLMEngine(Path(path), model.config, settings=cfg.get("vllm") or {}, seed=int(cfg.get("seed") or 0))
+    return VLLMEngine(Path(path), model.config, settings=cfg.get("vllm") or {}, seed=int(cfg.get("seed") or 0),
+                      device=next(model.parameters()).device)

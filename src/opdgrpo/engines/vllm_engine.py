@@ -85,8 +85,11 @@ class VLLMEngine:
 
     name = "vllm"
 
-    def __init__(self, model_dir: Path, config: Any, *, settings: Mapping[str, Any] | None = None, seed: int = 0):
+    def __init__(self, model_dir: Path, config: Any, *, settings: Mapping[str, Any] | None = None, seed: int = 0,
+                 device: torch.device | str = "cpu"):
+        """``config``: the model's (for the FLOP formulas); ``device``: where the rollouts' tensors go (the trainer's)."""
         settings = dict(settings or {})
+        self.device = torch.device(device)
         cuda = torch.cuda.is_available()
         if not cuda:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(settings.pop("cpu_kv_cache_gb", 1))))
@@ -113,7 +116,7 @@ class VLLMEngine:
         scratch.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(scratch)
         tokenizer.save_pretrained(scratch)
-        return cls(scratch, model.config, settings=settings, seed=seed)
+        return cls(scratch, model.config, settings=settings, seed=seed, device=next(model.parameters()).device)
 
     # ----------------------------------------------------------------------------------------------------------------
     # Sleep (GPUs), weights
@@ -156,7 +159,7 @@ class VLLMEngine:
         outputs = self.llm.generate([self._prompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         self._sleep()
         rows = [(list(o.outputs[0].token_ids), _sampled_logprobs(o.outputs[0])) for o in outputs]
-        return _rollouts(self.config, prompts, rows, set(stops), pad_token_id)
+        return _rollouts(self.config, prompts, rows, set(stops), pad_token_id).to(self.device)
 
 
 def _sampled_logprobs(completion) -> list[float]:
