@@ -80,6 +80,16 @@ def _process_state_kept() -> Iterator[None]:
             numpy.random.set_state(np_rng)
 
 
+@contextlib.contextmanager
+def _no_autocast() -> Iterator[None]:
+    """Autocast off on the CPU and, where there is one, the GPU, for the engine's forwards in this thread."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.autocast("cpu", enabled=False))
+        if torch.cuda.is_available():
+            stack.enter_context(torch.autocast("cuda", enabled=False))
+        yield
+
+
 class VLLMEngine:
     """A vLLM engine over a saved copy of the trainer's model; see the module docstring."""
 
@@ -137,7 +147,8 @@ class VLLMEngine:
             return
         self._wake()
         weights = ((name, tensor.detach()) for name, tensor in model.state_dict().items())
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        with _no_autocast():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.version = version
         self._sleep()
 
@@ -156,7 +167,8 @@ class VLLMEngine:
                                max_tokens=int(max_new_tokens), stop_token_ids=stops, logprobs=0, detokenize=False,
                                seed=None if base is None else base + row) for row in range(len(prompts))]
         self._wake()
-        outputs = self.llm.generate([self._prompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        with _no_autocast():   # the caller's autocast (train.precision bf16) is not the engine's: it has its dtype
+            outputs = self.llm.generate([self._prompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         self._sleep()
         rows = [(list(o.outputs[0].token_ids), _sampled_logprobs(o.outputs[0])) for o in outputs]
         return _rollouts(self.config, prompts, rows, set(stops), pad_token_id).to(self.device)
