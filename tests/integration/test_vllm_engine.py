@@ -158,6 +158,35 @@ def _trainer_logprobs_grad(model, rollouts) -> torch.Tensor:
     return token_logprobs(logits[:, rollouts.prompt_len - 1:-1], rollouts.sequences[:, rollouts.prompt_len:])
 
 
+def test_vllm_runs_the_difficulty_and_base_model_jobs(smoke_world, tmp_path):
+    """S2's difficulty job (two engines in turn in one process, on the checkpoints themselves) and a base model's
+    pretraining job (its evaluation) with ``engine: vllm``, as the plan passes it, write what their hf runs write.
+    The smoke teacher_m's head_dim (24) is one vLLM's CPU attention lacks: refused up front, naming it; the job
+    here samples the student as both roles instead."""
+    from opdgrpo.difficulty import select
+    from opdgrpo.pretrain import pretrain
+
+    _, plan = smoke_world
+    refused = dict(copy.deepcopy(plan.jobs["difficulty-math-teacher_m"].config), engine="vllm", vllm={})
+    with pytest.raises(ValueError, match="head_dim 24"):
+        select(refused, tmp_path / "refused")
+    difficulty = copy.deepcopy(plan.jobs["difficulty-math-teacher_m"].config)
+    configs = {"difficulty": dict(difficulty, teacher=difficulty["student"]),
+               "base": copy.deepcopy(plan.jobs["base-student"].config)}
+    done: dict[str, dict[str, dict]] = {}
+    for kind, job_cfg in configs.items():
+        for engine in ("hf", "vllm"):
+            cfg = dict(copy.deepcopy(job_cfg), **({"engine": "vllm", "vllm": {}} if engine == "vllm" else {}))
+            out = tmp_path / f"{kind}-{engine}"
+            (select if kind == "difficulty" else pretrain)(cfg, out)
+            done.setdefault(kind, {})[engine] = json.loads((out / "done.json").read_text())
+            assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / f"{kind}-hf").iterdir())
+        assert set(done[kind]["vllm"]) == set(done[kind]["hf"]), kind
+    assert min(done["difficulty"]["vllm"]["selection_flops"].values()) > 0
+    assert [(r["eval_domain"], r["eval_set"]) for r in done["base"]["vllm"]["heldout"]] == \
+        [(r["eval_domain"], r["eval_set"]) for r in done["base"]["hf"]["heldout"]]
+
+
 # -- smoke runs with engine vllm: complete, resume after a kill, same run-directory contract ----------------------
 
 def _run(cfg: dict, run_dir: Path, fault: str | None = None) -> subprocess.CompletedProcess:

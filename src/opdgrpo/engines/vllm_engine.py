@@ -80,6 +80,20 @@ def _process_state_kept() -> Iterator[None]:
             numpy.random.set_state(np_rng)
 
 
+def _check_cpu_head_dim(config: Any, model_dir: Path) -> None:
+    """vLLM's CPU attention supports some head sizes only (0.32: 32, 64, 80, ..., 512); any other fails at the first
+    forward with "Unsupported CPU attention configuration". Say so before the engine starts, naming the model."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+        sizes = list(CPUAttentionBackend.get_supported_head_sizes())
+    except (ImportError, AttributeError):   # another vLLM: let it decide
+        return
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head_dim not in sizes:
+        raise ValueError(f"train.engine vllm: the model at {model_dir} has head_dim {head_dim}, which vLLM's CPU "
+                         f"attention does not support (it supports {sizes}); sample it with train.engine hf")
+
+
 @contextlib.contextmanager
 def _no_autocast() -> Iterator[None]:
     """Autocast off on the CPU and, where there is one, the GPU, for the engine's forwards in this thread."""
@@ -105,6 +119,8 @@ class VLLMEngine:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(settings.pop("cpu_kv_cache_gb", 1))))
         settings.pop("cpu_kv_cache_gb", None)
         vllm = import_vllm()
+        if not cuda:
+            _check_cpu_head_dim(config, model_dir)
         self.config = config
         self.sleeps = bool(settings.pop("enable_sleep_mode", cuda))
         args = {"dtype": str(getattr(config, "dtype", None) or "float32").replace("torch.", ""),
