@@ -583,8 +583,16 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_solve(args) -> int:
-    from .cost_solve import paper_analysis
+    from .cost_solve import paper_analysis, solve_steps, steps_table
 
+    if args.profile:
+        from .config import compose
+        from .plan import build_plan
+
+        cfg = compose([f"profile={args.profile}", *args.overrides], args.conf_dir)
+        print(f"# Steps that buy the paper's budgets: profile `{cfg['profile']}`\n\n{assumptions(cfg)}\n")
+        print(steps_table(*solve_steps(cfg, build_plan(cfg))))
+        return 0
     print(paper_analysis(prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens,
                          sequences_per_step=args.sequences_per_step))
     return 0
@@ -612,6 +620,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=float, default=256)
     p.add_argument("--response-tokens", type=float, default=4096, help="generated tokens per sequence")
     p.add_argument("--sequences-per-step", type=int, default=512)
+    p.add_argument("--profile", help="instead: the steps each run of this profile needs to spend the paper's budget "
+                                     "(the paper profile's step counts come from here)")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides with --profile")
+    p.add_argument("--conf-dir", type=Path, default=None)
     p.set_defaults(func=cmd_solve)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in sub.choices:   # options and overrides in any order after the subcommand

@@ -54,6 +54,10 @@ class Planner:
         self.root = f"{cfg['results_dir']}/{cfg['profile']}"
         self.jobs: dict[str, Job] = {}
         self.studies: dict[str, dict[str, Any]] = {}
+        unknown = sorted(set(cfg["methods"]["grpo"].get("domain_steps") or {}) - set(cfg["domains"]))
+        if unknown:
+            raise ConfigError(f"config key `methods.grpo.domain_steps` names {unknown}, not among `domains` "
+                              f"({sorted(cfg['domains'])})")
 
     # -- base stage ---------------------------------------------------------------------------
     def tokenizer(self, model: str | None = None) -> Job:
@@ -113,6 +117,7 @@ class Planner:
             teachers: dict[str, str] | None = None, method_overrides: dict[str, Any] | None = None, label: str = "",
             train_overrides: dict[str, Any] | None = None, subset: tuple[Job, dict[str, Any]] | None = None) -> Job:
         method_cfg = copy.deepcopy(self.cfg["methods"][method])
+        method_cfg.pop("domain_steps", None)   # read by grpo_expert; a run's block holds its own steps
         method_cfg.update({k: v for k, v in (method_overrides or {}).items() if v is not None})
         train_cfg = copy.deepcopy(self.cfg["train"])
         train_cfg.update({k: v for k, v in (train_overrides or {}).items() if v is not None})
@@ -165,7 +170,9 @@ class Planner:
 
     def grpo_expert(self, study: str, domain: str, seed: int, student: str = "student") -> Job:
         """A student's GRPO run on one domain: S1's baseline, S3's self-teacher, S4/S5's expert (one run, shared)."""
-        return self.run(f"grpo-{student}-{domain}-s{seed}", study, "grpo", [domain], seed, f"base:{student}", label="GRPO")
+        steps = (self.cfg["methods"]["grpo"].get("domain_steps") or {}).get(domain)
+        return self.run(f"grpo-{student}-{domain}-s{seed}", study, "grpo", [domain], seed, f"base:{student}",
+                        method_overrides={"steps": steps}, label="GRPO")
 
     # -- selection jobs ---------------------------------------------------------------------------------------
     def difficulty(self, s: Mapping[str, Any]) -> Job:

@@ -177,3 +177,29 @@ def test_grpo_knobs_add_their_passes_to_the_prediction(tmp_path):
     plain = cost.estimate_run(default_cfg, default_plan.jobs["grpo-student-math-s0"], default_plan.jobs)
     assert plain.flops["old_policy"] == plain.flops["reference"] == 0
     assert "old_policy" not in cost.runs_table([plain])
+
+
+def test_paper_profile_steps_are_what_the_papers_budgets_buy(capsys):
+    """conf/profile/paper.yaml's step counts equal `opdgrpo flops solve --profile paper` at its cost model, and each
+    figure's run, at those steps, spends at least the figure's budget (x its margin) within one step."""
+    from omegaconf import OmegaConf
+
+    from opdgrpo.cost_solve import solve_steps
+
+    cfg = compose(["profile=paper"], REPO / "conf")
+    plan = build_plan(cfg)
+    steps, rows = solve_steps(cfg, plan)
+    configured = {k: OmegaConf.select(OmegaConf.create(cfg), k) for k in steps}
+    assert configured == steps, "paste `opdgrpo flops solve --profile paper`'s counts into conf/profile/paper.yaml"
+    for r in rows:
+        spent = r["configured"] * r["per_step"]
+        assert spent >= r["budget"].eflop * r["budget"].margin * 1e18 - r["per_step"] / 2, r
+    assert plan.jobs["grpo-student-math-s0"].config["method"]["steps"] == steps["methods.grpo.domain_steps.math"]
+    assert "domain_steps" not in plan.jobs["grpo-student-math-s0"].config["method"]
+    assert cli_main(["flops", "solve", "--profile", "paper"]) == 0
+    assert "methods.grpo.domain_steps.code" in capsys.readouterr().out
+
+
+def test_domain_steps_for_an_unknown_domain_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="methods.grpo.domain_steps"):
+        smoke(tmp_path, "+methods.grpo.domain_steps={poetry: 3}")
