@@ -29,7 +29,7 @@ synchronize), not from a copy of them.
     timeout 480 python benchmarks/gpu_pilot.py                      # one GPU: 8 prompts x 8 = 64 sequences, 1024 new tokens
     python benchmarks/gpu_pilot.py --cpu-smoke --json /tmp/p.json    # toy shapes on CPU, under a minute on 2 cores
 
-Exit status: 0 when every stage finished; 3 when ``--max-seconds`` stopped it (the JSON holds what finished); 4 when
+Exit status: 0 when every stage finished; 2 when the device is missing (nothing ran); 3 when ``--max-seconds`` stopped it (the JSON holds what finished); 4 when
 a run ran out of device memory (recorded, the other runs still ran).
 """
 
@@ -129,23 +129,31 @@ def architecture(name: str) -> dict[str, Any]:
 
 
 def memory_estimate(student, teacher, rows: int, tokens: int, chunk: int, opd: bool) -> dict[str, float]:
-    """GiB the largest pieces of a step need on the device (an estimate for the plan, not a measurement): the
-    student's float32 weights, gradients and AdamW moments; its bf16 weight copies under autocast; the OPD teacher's
-    bf16 weights; the rollout's KV cache (bf16; twice that if the sampler keeps float32 keys); the layer inputs that
-    activation checkpointing keeps (float32 residual stream); one layer's recomputed activations; one chunk of
-    full-vocabulary logits (bf16, float32, their gradient)."""
+    """GiB the largest pieces of a step hold on the device: an estimate for the plan, not a measurement.
+
+    Pieces: the student's float32 weights, AdamW moments and gradients; its bf16 weight copies (autocast's cache,
+    held through a forward); the OPD teacher's bf16 weights; the rollout's KV cache (bf16 keys and values); the layer
+    inputs activation checkpointing keeps (the float32 residual stream); one layer's activations recomputed in the
+    backward (rough); one chunk of full-vocabulary logits (bf16, float32, their gradient). ``forward_peak``: at the end
+    of the training forward (gradients freed by ``zero_grad``); ``backward_peak``: an upper bound at its start (every
+    gradient counted with every checkpointed input, which the backward frees layer by layer)."""
     from opdgrpo import flops as F
 
     gib, n = 2**30, F.params_count(student)
     kv = 2 * student.num_hidden_layers * student.num_key_value_heads * student.head_dim * 2
     layer = 4 * (6 * student.hidden_size + 3 * student.intermediate_size)
-    out = {"student_weights_grads_adamw": 16 * n / gib, "student_bf16_casts": 2 * n / gib,
+    out = {"student_weights_and_adamw": 12 * n / gib, "student_gradients": 4 * n / gib, "student_bf16_casts": 2 * n / gib,
            "teacher_weights": 2 * F.params_count(teacher) / gib if opd else 0.0,
            "kv_cache_bf16": rows * tokens * kv / gib,
            "checkpointed_layer_inputs": rows * tokens * student.num_hidden_layers * student.hidden_size * 4 / gib,
            "one_layer_recompute": rows * tokens * layer / gib, "logit_chunk": chunk * student.vocab_size * 10 / gib}
-    out["training_peak"] = sum(v for k, v in out.items() if k != "kv_cache_bf16")
-    return {k: round(v, 2) for k, v in out.items()}
+    held = out["student_weights_and_adamw"] + out["teacher_weights"]
+    out["rollout_peak"] = held + out["student_bf16_casts"] + out["kv_cache_bf16"]
+    out["forward_peak"] = held + out["student_bf16_casts"] + out["checkpointed_layer_inputs"] + out["logit_chunk"]
+    out["backward_peak"] = held + out["student_gradients"] + out["checkpointed_layer_inputs"] + out["one_layer_recompute"] \
+        + out["logit_chunk"]
+    out["training_peak"] = max(out["rollout_peak"], out["forward_peak"], out["backward_peak"])
+    return {k: float(f"{v:.3g}") for k, v in out.items()}
 
 
 def plan(args: argparse.Namespace) -> dict[str, Any]:
@@ -425,8 +433,6 @@ class Pilot:
         from opdgrpo.peak import matmul_dtype, matmul_peak
 
         torch.set_num_threads(int(self.args.threads))
-        if self.args.device == "cuda" and not torch.cuda.is_available():
-            raise SystemExit("gpu pilot: --device cuda but no CUDA device is visible; use --cpu-smoke (or --device cpu)")
         workers = Workers("none", cpu=self.args.device == "cpu")
         device = workers.device
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else common.cpu_model()
@@ -513,6 +519,10 @@ class Pilot:
                 "teacher_weights": teacher_bytes}
 
 
+def count(n: int) -> str:
+    return next(f"{n / d:.3g} {u}" for d, u in ((1e9, "B"), (1e6, "M"), (1e3, "K"), (1, "")) if n >= d or d == 1)
+
+
 def size(nbytes: int) -> str:
     return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
@@ -521,8 +531,8 @@ def table(result: dict[str, Any]) -> str:
     rows = []
     for r in result["runs"]:
         models = r["student"] + (f" <- {r['teacher']}" if r.get("teacher") else "")
-        params = f"{r.get('student_parameters', 0) / 1e9:.3g} B" + (
-            f" + {r['teacher_parameters'] / 1e9:.3g} B" if r.get("teacher_parameters") else "")
+        params = count(r.get("student_parameters", 0)) + (
+            f" + {count(r['teacher_parameters'])}" if r.get("teacher_parameters") else "")
         if not r["steps"]:
             rows.append([r["method"], models, params, "-", r["status"]] + ["-"] * 8)
         for s in r["steps"]:
@@ -531,10 +541,10 @@ def table(result: dict[str, Any]) -> str:
             rows.append([r["method"], models, params, shape, s["step"], f"{s['seconds']:.2f}",
                          f"{s['phase_seconds']['sample_and_score']:.2f} / {s['phase_seconds']['train_and_update']:.2f}",
                          f"{s['generation_tokens_per_s']:,.0f}", f"{s['training_tokens_per_s']:,.0f}",
-                         size(s["peak_memory_bytes"]), f"{s['ledger']['step_flops'] / 1e12:.3g}",
+                         size(s["peak_memory_bytes"]), f"{s['ledger']['step_flops']:.3g}",
                          f"{100 * s['mfu_measured_peak']:.1f}%", "-" if nominal is None else f"{100 * nominal:.1f}%"])
-    headers = ["method", "student <- teacher", "params", "seqs x tokens", "step", "s/step", "sample / train s",
-               "gen tok/s", "train tok/s", "peak mem", "ledger TFLOP", "MFU (measured peak)", "MFU (nominal)"]
+    headers = ["method", "student <- teacher", "params", "seqs x (prompt+new) tokens", "step", "s/step", "sample / train s",
+               "gen tok/s", "train tok/s", "peak mem", "ledger FLOPs", "MFU (measured peak)", "MFU (nominal)"]
     return common.table(headers, rows)
 
 
@@ -548,6 +558,12 @@ def main(argv: list[str] | None = None) -> int:
     print_plan(p)
     if args.plan_only:
         return 0
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu pilot: --device cuda (the gpu preset's) but no CUDA device is visible; nothing ran. "
+              "Use --cpu-smoke for the toy shapes on the CPU.", file=sys.stderr)
+        return 2
     pilot = Pilot(args, started)
     pilot.result["plan"] = p
 
