@@ -136,7 +136,8 @@ def memory_estimate(student, teacher, rows: int, tokens: int, chunk: int, opd: b
     inputs activation checkpointing keeps (the float32 residual stream); one layer's activations recomputed in the
     backward (rough); one chunk of full-vocabulary logits (bf16, float32, their gradient). ``forward_peak``: at the end
     of the training forward (gradients freed by ``zero_grad``); ``backward_peak``: an upper bound at its start (every
-    gradient counted with every checkpointed input, which the backward frees layer by layer)."""
+    gradient counted with every checkpointed input, which the backward frees layer by layer); ``optimizer_step_peak``:
+    during AdamW's step."""
     from opdgrpo import flops as F
 
     gib, n = 2**30, F.params_count(student)
@@ -152,7 +153,9 @@ def memory_estimate(student, teacher, rows: int, tokens: int, chunk: int, opd: b
     out["forward_peak"] = held + out["student_bf16_casts"] + out["checkpointed_layer_inputs"] + out["logit_chunk"]
     out["backward_peak"] = held + out["student_gradients"] + out["checkpointed_layer_inputs"] + out["one_layer_recompute"] \
         + out["logit_chunk"]
-    out["training_peak"] = max(out["rollout_peak"], out["forward_peak"], out["backward_peak"])
+    # AdamW's multi-tensor step on a GPU makes one float32 temporary the size of the weights (the moments' sqrt)
+    out["optimizer_step_peak"] = held + out["student_gradients"] + 4 * n / gib
+    out["training_peak"] = max(out["rollout_peak"], out["forward_peak"], out["backward_peak"], out["optimizer_step_peak"])
     return {k: float(f"{v:.3g}") for k, v in out.items()}
 
 
