@@ -29,8 +29,9 @@ synchronize), not from a copy of them.
     timeout 480 python benchmarks/gpu_pilot.py                      # one GPU: 8 prompts x 8 = 64 sequences, 1024 new tokens
     python benchmarks/gpu_pilot.py --cpu-smoke --json /tmp/p.json    # toy shapes on CPU, under a minute on 2 cores
 
-Exit status: 0 when every stage finished; 2 when the device is missing (nothing ran); 3 when ``--max-seconds`` stopped it (the JSON holds what finished); 4 when
-a run ran out of device memory (recorded, the other runs still ran).
+Exit status: 0 when every stage finished; 2 when the device is missing (nothing ran); 3 when ``--max-seconds``
+stopped it (the JSON holds what finished); 4 when a run ran out of device memory, 5 when one failed otherwise
+(recorded with its traceback; the other runs still ran).
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--logit-chunk-tokens", type=int, help="train.logit_chunk_tokens")
     p.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
-    p.add_argument("--attn", default="sdpa", help="train.attn_implementation")
+    p.add_argument("--attn", default="sdpa", choices=("sdpa", "eager", "flash_attention_2"), help="train.attn_implementation")
     p.add_argument("--lr", type=float, default=1e-6, help="the paper profile's")
     p.add_argument("--max-seconds", type=float, help="time guard over the whole script (GPU default 420 of the 480 a "
                                                      "`timeout 480` allows)")
@@ -303,7 +304,7 @@ def run_config(args: argparse.Namespace, method: str) -> dict[str, Any]:
 
 
 def make_run(args: argparse.Namespace, method: str, workers, peak: dict[str, Any], scratch: Path):
-    """``train.Run`` as ``train._setup`` builds it, on the synthetic world; returns (run, its models' bytes)."""
+    """``train.Run`` as ``train._setup`` builds it, on the synthetic world; returns (run, {domain: teacher})."""
     import torch
 
     from opdgrpo import train as T
@@ -478,6 +479,7 @@ class Pilot:
                 torch.cuda.synchronize()
             record.update(self._sizes(run, teachers), build_seconds=round(time.time() - t0, 2))
             self.write()
+            print(f"  {method}: models built in {record['build_seconds']} s ({self.elapsed():.0f} s elapsed)", flush=True)
             for step in range(self.args.steps):
                 self.check_time(f"{method} step {step}", needs=self.longest_step)
                 phases: dict[str, Any] = {"seconds": {}, "peak": {}}
@@ -493,9 +495,19 @@ class Pilot:
                 self.write()
                 print(f"  {method} step {step}: {wall:.2f} s ({self.elapsed():.0f} s elapsed)", flush=True)
             record["status"] = "ok"
+        except TimeGuard:
+            raise
         except torch.OutOfMemoryError as err:
             record["status"] = f"out of device memory: {str(err).splitlines()[0]}"
-            self.result["oom"] = True
+            self.result["failed"] = 4
+            print(f"  {method}: {record['status']}", file=sys.stderr, flush=True)
+        except Exception as err:   # recorded, and the next method still runs: a lent GPU's minutes are few
+            import traceback
+
+            record["status"] = f"error: {type(err).__name__}: {err}"
+            record["traceback"] = traceback.format_exc()
+            self.result["failed"] = self.result.get("failed") or 5
+            print(f"  {method}: {record['status']}\n{record['traceback']}", file=sys.stderr, flush=True)
         finally:
             run = teachers = None
             gc.collect()
@@ -584,8 +596,9 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="gpu-pilot-") as scratch:
             for method in args.methods:
                 pilot.run_method(method, workers, Path(scratch))
-        pilot.result["status"] = "complete" if not pilot.result.get("oom") else "incomplete: out of device memory"
-        code = 4 if pilot.result.get("oom") else 0
+        code = pilot.result.get("failed", 0)
+        pilot.result["status"] = "complete" if not code else "incomplete: " + "; ".join(
+            f"{r['method']} {r['status']}" for r in pilot.result["runs"] if r["status"] != "ok")
     except TimeGuard as err:
         signal.alarm(0)
         for r in pilot.result["runs"]:
