@@ -61,12 +61,9 @@ class Workers:
 
     @classmethod
     def from_config(cls, train: Mapping[str, Any]) -> "Workers":
-        """``train.distributed`` (default ``ddp``) and ``train.fsdp`` (read only under ``fsdp``: said if set otherwise,
-        e.g. the paper profile with ``train.distributed=ddp``)."""
-        strategy = str(train.get("distributed", "ddp"))
-        if train.get("fsdp") and strategy != "fsdp":
-            log.warning("config key `train.fsdp` is ignored: `train.distributed` is %r, not 'fsdp'", strategy)
-        return cls(strategy, policy=fsdp.Policy.from_config(train))
+        """``train.distributed`` (default ``ddp``) and ``train.fsdp`` (read only under ``fsdp``; set under another
+        strategy it is a config error: ``opdgrpo.config``)."""
+        return cls(str(train.get("distributed", "ddp")), policy=fsdp.Policy.from_config(train))
 
     @property
     def distributed(self) -> bool:

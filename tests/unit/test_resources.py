@@ -43,15 +43,15 @@ def test_fsdp_shards_what_ddp_replicates(paper):
 @pytest.mark.parametrize("override,knob", [
     ("train.eval.batch_size=512", "train.eval.batch_size"),
     ("pretrain.eval.batch_size=256", "pretrain.eval.batch_size"),
-    ("train.distributed=ddp", "train.distributed=fsdp"),
+    ("train.distributed=ddp ~train.fsdp", "train.distributed=fsdp"),
     ("train.activation_checkpointing=false", "train.activation_checkpointing=true"),
 ])
 def test_a_job_that_does_not_fit_is_refused_naming_the_knob(override, knob, capsys):
-    cfg = compose(["profile=paper", override])
+    cfg = compose(["profile=paper", *override.split()])
     with pytest.raises(ConfigError, match="would run out of GPU memory") as err:
         resources.refuse_unfit(cfg, build_plan(cfg))
     assert knob in str(err.value)
-    assert resources.main(["--profile", "paper", override]) == 1
+    assert resources.main(["--profile", "paper", *override.split()]) == 1
     assert knob in capsys.readouterr().err
 
 
