@@ -432,7 +432,7 @@ def _evaluate(run: Run, step: int) -> dict[str, Any]:
                                        temperature=float(ev["temperature"]), max_new_tokens=int(shared["max_new_tokens"]),
                                        batch_size=int(ev["batch_size"]), seed=eval_seed(int(run.cfg["seed"]), step),
                                        fmt=run.fmt, top_p=float(ev.get("top_p", 1.0)), top_k=int(ev.get("top_k", 0)),
-                                       workers=run.workers)
+                                       workers=run.workers, max_batch_tokens=ev.get("max_batch_tokens"))
     faults.kill_point("eval", step)
     record = {"step": step, "cumulative_flops": run.cumulative, "eval_flops": eval_flops, "results": results}
     if run.main:
