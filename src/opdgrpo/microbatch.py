@@ -20,6 +20,7 @@ matched, and DDP's one synchronised backward per update stays the last one on ev
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
@@ -29,8 +30,11 @@ from .packing import pack_rows, split_to
 from .rollout import ScoredRollouts
 from .sampling import Rollouts
 
+log = logging.getLogger("opdgrpo.microbatch")
+
 #: ``(shard index, row)`` of one row of a process's update.
 Row = tuple[int, int]
+_told = False
 
 
 def row_lengths(shard: Shard) -> tuple[list[int], list[int]]:
@@ -53,10 +57,22 @@ def repack(shards: list[Shard], cap: int, agree: Callable[[int], int], pad_id: i
         prompt_lens += p
         response_lens += n
     groups = pack_rows(prompt_lens, response_lens, cap)
-    groups = split_to(groups, agree(len(groups)))
+    count = agree(len(groups))
+    if count > len(groups):
+        _tell_once(len(groups), count)
+    groups = split_to(groups, count)
     values = [advantages(shard) for shard in shards]
     return [_build(shards, [rows[i] for i in group], [prompt_lens[i] for i in group], [response_lens[i] for i in group],
                    pad_id, values) for group in groups]
+
+
+def _tell_once(packed: int, count: int) -> None:
+    """One line per process, the first time it splits micro-batches to run as many as another process packed."""
+    global _told
+    if not _told:
+        _told = True
+        log.info("this process packed %d micro-batches for an update and runs %d, as many as another process packed "
+                 "(said once per process)", packed, count)
 
 
 def _build(shards: list[Shard], rows: list[Row], prompt_lens: list[int], response_lens: list[int], pad_id: int,

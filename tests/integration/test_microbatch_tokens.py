@@ -10,6 +10,11 @@ results whatever the batching."""
 from __future__ import annotations
 
 import copy
+import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +30,9 @@ from opdgrpo.tokenizer import load_tokenizer
 from opdgrpo.train import train
 
 CAP = 96   # smoke rows are about 10 prompt + up to 16 response tokens: 2 to 4 rows per micro-batch
+#: Two processes' rows under this cap packed into 6 and 7, then 7 and 8 micro-batches on the machine this was
+#: written on: one process splits some to run as many as the other (a count that depends on what was sampled).
+DIST_CAP = 68
 
 
 def _config(plan, run_id: str, steps: int, **train_keys) -> dict:
@@ -127,3 +135,34 @@ def test_greedy_evaluation_does_not_depend_on_the_token_budget(smoke_world):
     by_rows, _ = evaluate(model, tokenizer, domains, heldout, **common)
     by_tokens, _ = evaluate(model, tokenizer, domains, heldout, **common, max_batch_tokens=100)
     assert by_tokens == by_rows
+
+
+def _torchrun(cfg: dict, run_dir: Path) -> subprocess.CompletedProcess:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(port),
+           "-m", "opdgrpo.cli", "train", "--out", str(run_dir), "--config-json", json.dumps(cfg)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("strategy", ["fsdp"])   # "ddp" passes too (29 s more; its collectives are a subset)
+def test_two_processes_pack_their_own_rows(smoke_world, tmp_path, strategy):
+    """OPD (a gradient whatever the rewards) on 2 gloo processes, each packing its own rows under the cap, against
+    one process training the sampled shards as they are: the same steps within the tolerances above. Under FSDP the
+    teacher is sharded too, so every micro-batch's student and teacher forwards are collectives: the processes must
+    run as many micro-batches each (a process that packed fewer splits some, said once in its log)."""
+    _, plan = smoke_world
+    cfg = _config(plan, "opd-teacher_m-math-s0", steps=2, micro_batches=4, prompts_per_step=8)
+    train(copy.deepcopy(cfg), tmp_path / "plain")
+    cfg["train"].update({"max_tokens_per_microbatch": DIST_CAP, "distributed": strategy})
+    if strategy == "fsdp":
+        cfg["train"]["fsdp"] = {"param_dtype": "float32"}
+    done = _torchrun(cfg, tmp_path / "packed")
+    print(strategy, [line for line in done.stderr.splitlines() if "micro-batches" in line])
+    assert json.loads((tmp_path / "packed" / "done.json").read_text())["processes"] == 2
+    _compare(tmp_path, teachers=True)

@@ -7,6 +7,7 @@ import logging
 import random
 
 import pytest
+import torch
 
 from opdgrpo import packing, schema
 from opdgrpo.packing import check_budget, pack_rows, split_to, token_batches
@@ -89,3 +90,95 @@ def test_bad_budgets_name_the_key(value):
         schema.validate({**train, "eval": {**train["eval"], "max_batch_tokens": value}}, "train", where="train")
     schema.validate({**train, "max_tokens_per_microbatch": None, "eval": {**train["eval"], "max_batch_tokens": 64}},
                     "train", where="train")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Repacking sampled shards (src/opdgrpo/microbatch.py)
+
+PAD = 0
+
+
+def _shard(prompts: list[list[int]], responses: list[list[int]], first: int):
+    """A sampled shard as the sampler lays it out: left-padded prompts, responses padded after their end."""
+    from opdgrpo.domains import Task
+    from opdgrpo.objectives import Shard
+    from opdgrpo.rollout import ScoredRollouts
+    from opdgrpo.sampling import Rollouts
+
+    P, T = max(map(len, prompts)), max(map(len, responses))
+    seqs = torch.full((len(prompts), P + T), PAD, dtype=torch.long)
+    attn = torch.zeros_like(seqs)
+    mask = torch.zeros((len(prompts), T), dtype=torch.bool)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        seqs[i, P - len(p): P + len(r)] = torch.tensor(p + r)
+        attn[i, P - len(p): P + len(r)] = 1
+        mask[i, : len(r)] = True
+    rollouts = Rollouts(seqs, attn, mask, P, [r[:-1] for r in responses], torch.ones(len(prompts), dtype=torch.bool), 0.0, 0)
+    tasks = [Task("math", f"prompt {first + i}", None) for i in range(len(prompts))]
+    rewards = torch.tensor([float((first + i) % 2) for i in range(len(prompts))])
+    return Shard(tasks, ScoredRollouts(tasks, rollouts, [f"text {first + i}" for i in range(len(prompts))], rewards))
+
+
+def _rows(seed: int, n: int) -> tuple[list[list[int]], list[list[int]]]:
+    rng = random.Random(seed)
+    return ([[rng.randint(2, 60) for _ in range(rng.randint(1, 6))] for _ in range(n)],
+            [[rng.randint(2, 60) for _ in range(rng.randint(1, 12))] for _ in range(n)])
+
+
+def test_repack_keeps_every_row_and_its_values_within_the_cap():
+    """Rows of two sampled shards repacked: each row exactly once with its tokens, reward, text and advantage; each
+    micro-batch within the cap; as many micro-batches as ``agree`` asks (another process packed more)."""
+    from opdgrpo.microbatch import repack
+
+    shards = [_shard(*_rows(s, 8), first=8 * s) for s in range(2)]
+    advantages = {id(s): torch.arange(8, dtype=torch.float32) + 100 * i for i, s in enumerate(shards)}
+    asked: list[int] = []
+
+    def agree(count: int) -> int:
+        asked.append(count)
+        return count + 2
+
+    packed = repack(shards, 40, agree, PAD, lambda s: advantages[id(s)])
+    assert len(packed) == asked[0] + 2
+    seen = {}
+    for m in packed:
+        assert m.sequences.numel() <= 40 or m.sequences.shape[0] == 1
+        for i, task in enumerate(m.tasks):
+            seen[task.prompt] = (m.sequences[i][m.attention_mask[i].bool()].tolist(), float(m.scored.rewards[i]),
+                                 m.scored.texts[i], float(m.advantages[i]), m.mask[i].sum().item())
+    assert len(seen) == 16
+    for s, shard in enumerate(shards):
+        for i, task in enumerate(shard.tasks):
+            tokens, reward, text, advantage, n = seen[task.prompt]
+            assert tokens == shard.sequences[i][shard.attention_mask[i].bool()].tolist()
+            assert (reward, text, advantage, n) == (float(shard.scored.rewards[i]), shard.scored.texts[i],
+                                                   float(advantages[id(shard)][i]), shard.mask[i].sum().item())
+
+
+def test_repacked_rows_have_the_same_log_probs():
+    """A row's response log-probs do not depend on the rows packed with it (padding is masked, positions kept)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from opdgrpo.losses import token_logprobs
+    from opdgrpo.microbatch import repack
+    from opdgrpo.objectives import position_ids
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=16, pad_token_id=PAD, attn_implementation="eager")
+    model = Qwen3ForCausalLM(config).eval()
+
+    def logprobs(shard) -> dict[str, list[float]]:
+        attn = shard.attention_mask
+        with torch.no_grad():
+            logits = model(input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
+                           logits_to_keep=shard.new_tokens + 1).logits[:, :-1]
+        lp = token_logprobs(logits, shard.targets)
+        return {t.prompt: lp[i][shard.mask[i]] for i, t in enumerate(shard.tasks)}
+
+    shards = [_shard(*_rows(s, 6), first=6 * s) for s in range(2)]
+    before = {k: v for s in shards for k, v in logprobs(s).items()}
+    after = {k: v for m in repack(shards, 50, lambda c: c, PAD, lambda s: None) for k, v in logprobs(m).items()}
+    assert before.keys() == after.keys()
+    for k in before:
+        torch.testing.assert_close(after[k], before[k], rtol=1e-5, atol=1e-5)
