@@ -35,9 +35,9 @@ CAP = 96   # smoke rows are about 10 prompt + up to 16 response tokens: 2 to 4 r
 DIST_CAP = 68
 
 
-def _config(plan, run_id: str, steps: int, **train_keys) -> dict:
+def _config(plan, run_id: str, steps: int, method: dict | None = None, **train_keys) -> dict:
     cfg = copy.deepcopy(plan.jobs[run_id].config)
-    cfg["method"].update({"steps": steps, "lr": 3e-3})
+    cfg["method"].update({"steps": steps, "lr": 3e-3, **(method or {})})
     cfg["train"].update({"eval_every": 100, "checkpoint_every": 100, "precision": "fp32", **train_keys})
     cfg["run_id"] = f"{run_id}-tokens"
     return cfg
@@ -77,11 +77,16 @@ def _compare(tmp_path: Path, teachers: bool) -> None:
         assert a["reward"] == b["reward"] and a["mean_response_length"] == b["mean_response_length"]
         for kind in ("prompt", "completion", "rollout_computed"):
             assert a["tokens"][kind] == b["tokens"][kind]
-        assert a["flops"]["rollout"] == b["flops"]["rollout"]
-        assert b["tokens"]["train"] <= a["tokens"]["train"] and b["flops"]["train"] <= a["flops"]["train"]
+        assert a["flops"]["rollout"] == b["flops"]["rollout"] and a["flops"].keys() == b["flops"].keys()
+        assert b["tokens"]["train"] <= a["tokens"]["train"]
+        for component in set(a["flops"]) - {"rollout", "teacher"}:   # train, old_policy, reference
+            assert b["flops"][component] <= a["flops"][component]
+            assert (b["flops"][component] > 0) == (a["flops"][component] > 0)
         assert (b["flops"]["teacher"] <= a["flops"]["teacher"]) and (b["flops"]["teacher"] > 0) == teachers
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+        for name, value in a["metrics"].items():   # clip fractions and KL: means over other micro-batches
+            assert b["metrics"][name] == pytest.approx(value, abs=0.05), name
     print("train tokens", [(a["tokens"]["train"], b["tokens"]["train"]) for a, b in zip(plain, packed)],
           "loss", [(a["loss"], b["loss"]) for a, b in zip(plain, packed)],
           "grad_norm", [(a["grad_norm"], b["grad_norm"]) for a, b in zip(plain, packed)])
@@ -90,14 +95,22 @@ def _compare(tmp_path: Path, teachers: bool) -> None:
         torch.testing.assert_close(wb[name], wa[name], rtol=1e-5, atol=3e-5, msg=lambda m: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("run_id", ["grpo-student-math-s0", "opd-teacher_m-math-s0"])
-def test_a_token_cap_trains_as_the_shards_with_fewer_padded_tokens(smoke_world, tmp_path, shapes, rigged_rewards, run_id):
+#: GRPO's knobs: two passes over the batch in two mini-batches (an old-policy forward, each update's normaliser over
+#: its mini-batch, the ratio leaving 1 and the clip acting) and a reference KL, all on the packed micro-batches.
+KNOBS = {"updates_per_batch": 2, "minibatches": 2, "beta": 0.1}
+
+
+@pytest.mark.parametrize(("run_id", "method"), [("grpo-student-math-s0", {}), ("grpo-student-math-s0", KNOBS),
+                                                ("opd-teacher_m-math-s0", {})], ids=["grpo", "grpo-knobs", "opd"])
+def test_a_token_cap_trains_as_the_shards_with_fewer_padded_tokens(smoke_world, tmp_path, shapes, rigged_rewards,
+                                                                   run_id, method):
     """Two sampled shards (``micro_batches: 2``) repacked under a small cap, against the two shards as they were."""
     _, plan = smoke_world
-    train(_config(plan, run_id, steps=2, micro_batches=2), tmp_path / "plain")
+    train(_config(plan, run_id, steps=2, method=method, micro_batches=2), tmp_path / "plain")
     plain_shapes = list(shapes)
     shapes.clear()
-    train(_config(plan, run_id, steps=2, micro_batches=2, max_tokens_per_microbatch=CAP), tmp_path / "packed")
+    train(_config(plan, run_id, steps=2, method=method, micro_batches=2, max_tokens_per_microbatch=CAP),
+          tmp_path / "packed")
     assert all(rows * width <= CAP for rows, width in shapes)
     assert len(shapes) > len(plain_shapes)
     print(run_id, "micro-batches (rows, width):", plain_shapes, "->", shapes)
