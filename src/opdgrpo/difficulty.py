@@ -53,6 +53,8 @@ def solve_rates(model, tokenizer, domain: Domain, tasks: Sequence[Task], *, k: i
     rewards, flops = [], 0.0
     bounds = batch_bounds(tokenizer, repeated, batch_size=batch_size, max_batch_tokens=max_batch_tokens,
                           max_new_tokens=max_new_tokens, fmt=fmt, key="studies.S2.max_batch_tokens")
+    if progress:
+        progress.total = len(bounds)   # the caller's estimate counts batch_size rows per batch
     for batch, (start, end) in enumerate(bounds):
         t0 = time.time()
         chunk = sample_and_score(model, tokenizer, {domain.name: domain}, repeated[start:end],

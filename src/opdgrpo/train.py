@@ -5,7 +5,9 @@ log-probs that stay fixed over the step's updates, without gradients (the sampli
 several updates; a frozen reference model's when GRPO has a KL term) -> ``method.updates_per_batch`` passes over
 the batch, each cut into ``method.minibatches`` optimiser updates (both 1 by default: one update per batch); per
 update and shard: the student's training forward, the run's objective (GRPO's clipped policy gradient, or OPD's
-reverse KL to each prompt's domain teacher) and its backward, then clip and update -> one ledger line with the
+reverse KL to each prompt's domain teacher) and its backward (a shard is one micro-batch; with
+``train.max_tokens_per_microbatch`` a process's rows of the update are repacked by length into micro-batches within
+that many padded tokens, :mod:`opdgrpo.microbatch`), then clip and update -> one ledger line with the
 FLOPs of every component (one line per sampled batch, whatever the number of updates). Every update of a step uses
 the step's learning rate (``method.warmup_steps`` counts steps). Held-out avg@k at step 0, every ``eval_every``
 steps and at the end; a checkpoint every ``checkpoint_every`` steps. A rerun resumes from the newest checkpoint of

@@ -22,9 +22,11 @@ import torch
 from safetensors.torch import load_file
 
 from opdgrpo import train as trainer
+from opdgrpo.difficulty import solve_rates
 from opdgrpo.domains import build_domain
-from opdgrpo.evaluation import evaluate, heldout_for
+from opdgrpo.evaluation import batch_bounds, evaluate, heldout_for
 from opdgrpo.models import load_model
+from opdgrpo.rollout import PromptFormat
 from opdgrpo.runio import read_jsonl
 from opdgrpo.tokenizer import load_tokenizer
 from opdgrpo.train import train
@@ -147,7 +149,16 @@ def test_greedy_evaluation_does_not_depend_on_the_token_budget(smoke_world):
     common = {"k": 2, "temperature": 0.0, "max_new_tokens": 16, "seed": 0, "batch_size": 256}
     by_rows, _ = evaluate(model, tokenizer, domains, heldout, **common)
     by_tokens, _ = evaluate(model, tokenizer, domains, heldout, **common, max_batch_tokens=100)
+    repeated = [t for t in heldout["math"]["amc"] for _ in range(2)]
+    bounds = batch_bounds(tokenizer, repeated, batch_size=256, max_batch_tokens=100, max_new_tokens=16,
+                          fmt=PromptFormat(), key="train.eval.max_batch_tokens")
+    assert len(bounds) > 4 and all((end - start) <= 4 for start, end in bounds)   # rows of ~10 + 16 tokens
     assert by_tokens == by_rows
+    # S2's solve rates batch the same way (studies.S2.max_batch_tokens)
+    tasks = heldout["math"]["amc"]
+    rates = [solve_rates(model, tokenizer, domains["math"], tasks, k=2, temperature=0.0, max_new_tokens=16, batch_size=256,
+                         seed=0, max_batch_tokens=budget)[0] for budget in (None, 100)]
+    assert rates[0] == rates[1]
 
 
 def _torchrun(cfg: dict, run_dir: Path) -> subprocess.CompletedProcess:
