@@ -153,6 +153,14 @@ class Workers:
         torch.distributed.all_reduce(t)
         return t.tolist()
 
+    def max(self, value: int) -> int:
+        """The largest ``value`` over processes (e.g. the micro-batches every process runs in an update)."""
+        if not self.distributed:
+            return int(value)
+        t = torch.tensor([int(value)], dtype=torch.int64, device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return int(t.item())
+
     def any(self, flag: bool) -> bool:
         """True on every process when it is true on one (agree before a collective that might not happen)."""
         if not self.distributed:

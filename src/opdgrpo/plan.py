@@ -182,6 +182,8 @@ class Planner:
         if job_id not in self.jobs:
             student, teacher = self.base(st), self.base(t)
             rule = {k: s[k] for k in ("pool_size", "k", "temperature", "student_bins", "teacher_bins", "batch_size")}
+            if s.get("max_batch_tokens") is not None:   # absent unless set: unchanged configs rerun nothing
+                rule["max_batch_tokens"] = s["max_batch_tokens"]
             rule["precision"] = self.cfg["train"].get("precision", "fp32")
             tokenizer = self.tokenizer(st)
             if self.tokenizer_spec(t) != self.tokenizer_spec(st):

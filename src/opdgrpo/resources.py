@@ -31,13 +31,14 @@ ADVICE = {
     "gradients": "train.distributed=fsdp or more GPUs per run (resources.train.gpu)",
     "teachers": "train.distributed=fsdp (teachers are sharded like the student) or a smaller teacher",
     "sampling": "more train.micro_batches (fewer rows per sampling call) or a lower train.max_new_tokens",
-    "training pass": "train.max_tokens_per_microbatch lower, train.activation_checkpointing=true, or a lower "
+    "training pass": "a lower train.max_tokens_per_microbatch, train.activation_checkpointing=true, or a lower "
                      "train.logit_chunk_tokens",
-    "evaluation": "a lower {eval_knob}",
+    "evaluation": "a lower {eval_knob} (or batch_size beside it)",
 }
 
 #: The batch knob of each kind of job's evaluation (the rows sampled at once).
-EVAL_KNOBS = {"train": "train.eval.batch_size", "base": "pretrain.eval.batch_size", "difficulty": "studies.S2.batch_size"}
+EVAL_KNOBS = {"train": "train.eval.max_batch_tokens", "base": "pretrain.eval.max_batch_tokens",
+              "difficulty": "studies.S2.max_batch_tokens"}
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,9 @@ def _train_static(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape,
     gathered = _bytes((t.get("fsdp") or {}).get("param_dtype"), "bfloat16" if compute == 2 else "float32")
     n = params(student)
     unit = root_params(student) + 2 * layer_params(student)
-    static = {"weights": master * n / shards + (gathered * unit if sharded else 0.0),
+    # FSDP: the master shard, the root unit and two layers gathered, and the full replica the student samples with
+    # in the gathered dtype (opdgrpo.fsdp.sampling_replica; refreshed from the shards before each sampling)
+    static = {"weights": master * n / shards + (gathered * (unit + n) if sharded else 0.0),
               # DDP keeps its reduction buckets beside the gradients (gradient_as_bucket_view off)
               "gradients": master * n / shards * (2 if str(t.get("distributed")) == "ddp" and world > 1 else 1)
               + (gathered * 2 * layer_params(student) if sharded else 0.0),

@@ -37,12 +37,15 @@ def test_fsdp_shards_what_ddp_replicates(paper):
     ddp_cfg = dict(job.config, train=dict(job.config["train"], distributed="ddp"))
     ddp = resources.train_estimate(cfg, type(job)(**{**job.__dict__, "config": ddp_cfg}), plan.jobs, None)
     assert ddp.static["optimizer"] == pytest.approx(8 * fsdp.static["optimizer"])
-    assert ddp.static["weights"] > 4 * fsdp.static["weights"]
+    n = fsdp.static["optimizer"]   # Adam: 8 bytes per parameter over 8 shards, so as many bytes as parameters
+    assert ddp.static["weights"] == pytest.approx(4 * n)   # float32 replicas
+    assert fsdp.static["weights"] < 0.7 * ddp.static["weights"]   # a float32 shard, the gathered units, the bf16 replica
 
 
 @pytest.mark.parametrize("override,knob", [
-    ("train.eval.batch_size=512", "train.eval.batch_size"),
-    ("pretrain.eval.batch_size=256", "pretrain.eval.batch_size"),
+    ("train.eval.max_batch_tokens=2000000", "train.eval.max_batch_tokens"),
+    ("pretrain.eval.max_batch_tokens=500000", "pretrain.eval.max_batch_tokens"),
+    ("train.max_tokens_per_microbatch=131072", "train.max_tokens_per_microbatch"),
     ("train.distributed=ddp ~train.fsdp", "train.distributed=fsdp"),
     ("train.activation_checkpointing=false", "train.activation_checkpointing=true"),
 ])
