@@ -67,6 +67,19 @@ def test_opd_run_prediction_equals_a_hand_computation(tmp_path):
     assert est.student == "student" and est.teachers == {"math": "teacher_m"}
 
 
+def test_packed_training_passes_are_counted_at_the_mean_lengths(tmp_path):
+    """Under train.max_tokens_per_microbatch rows are repacked by length: the passes count each row at its mean
+    prompt + generated tokens (9 + 7) instead of the padded block (11 + 12); rollouts still decode the block."""
+    block = {"prompt_tokens": 9, "padded_prompt_tokens": 11, "response_tokens": 6, "padded_response_tokens": 12}
+    cfg, plan = smoke(tmp_path, "+train.max_tokens_per_microbatch=64", cost_model=block)
+    est = cost.estimate_run(cfg, plan.jobs["opd-teacher_m-math-s0"], plan.jobs)
+    s, t = qwen3(cfg, "student"), qwen3(cfg, "teacher_m")
+    b, steps = 16, cfg["methods"]["opd"]["steps"]
+    assert est.flops["rollout"] == pytest.approx(steps * F.generate_flops(s, b, 11, 7), rel=1e-12)
+    assert est.flops["train"] == pytest.approx(steps * F.train_flops(s, b, 16, logits_positions=8), rel=1e-12)
+    assert est.flops["teacher"] == pytest.approx(steps * F.forward_flops(t, b, 16, logits_positions=8), rel=1e-12)
+
+
 def test_multi_domain_distillation_routes_rows_to_each_experts_shape(tmp_path):
     block = {"prompt_tokens": 5, "per_domain": {
         "math": {"prompt_tokens": 8, "response_tokens": 3, "padded_response_tokens": 10},
