@@ -73,6 +73,7 @@ class JobEstimate:
     static: dict[str, float]                       # bytes held for the whole job, per device
     phases: dict[str, float]                       # bytes of each phase, per device; the largest one is the peak
     hours: float | None = None
+    host: float = 0.0                              # bytes of host memory per node while the models load
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -177,6 +178,10 @@ def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw
     teachers = [Shape.of(architecture(cfg, model_of(ref, jobs))) for ref in refs]
     static, residual = _train_static(cfg, rc, student, teachers, world)
     est = JobEstimate(job.id, "train", world, static, _train_phases(cfg, rc, student, teachers, world, residual))
+    # every process reads each model whole into host memory before it moves or shards it, one model at a time
+    t = rc["train"]
+    est.host = world * max([_bytes(t.get("param_dtype")) * params(student)]
+                           + [_bytes(t.get("teacher_dtype")) * params(s) for s in teachers])
     if hw:
         est.hours = _train_hours(cfg, job, jobs, hw, world, bool(rc["train"].get("activation_checkpointing")))
     return est
@@ -199,7 +204,8 @@ def _sampling_estimate(cfg: Mapping[str, Any], job_id: str, kind: str, models: S
     shapes = [(Shape.of(architecture(cfg, name)), b) for name, b in models]
     biggest, dtype_bytes = max(shapes, key=lambda sb: params(sb[0]) * sb[1])
     est = JobEstimate(job_id, kind, 1, {"weights": dtype_bytes * params(biggest)},
-                      {"evaluation": max(kv_cache_bytes(s, rows, row, 2) + 2 * rows * s.vocab * 4 for s, _ in shapes)})
+                      {"evaluation": max(kv_cache_bytes(s, rows, row, 2) + 2 * rows * s.vocab * 4 for s, _ in shapes)},
+                      host=dtype_bytes * params(biggest))
     if hw:
         flops = sum(2 * params(s) * tokens for s, _ in shapes)
         est.hours = flops / (hw.bf16_tflops * 1e12 * hw.sampling_mfu) / 3600
@@ -247,13 +253,26 @@ def estimate_jobs(cfg: Mapping[str, Any], plan: Any) -> list[JobEstimate]:
     return out
 
 
+def _host_limit(cfg: Mapping[str, Any], kind: str) -> float | None:
+    mem_mb = ((cfg.get("resources") or {}).get(kind) or {}).get("mem_mb")
+    return float(mem_mb) * 2**20 if mem_mb else None
+
+
 def unfit(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[str]:
-    """One message per job whose peak exceeds the usable memory of ``hardware``; none without the block."""
+    """One message per job whose peak exceeds the usable memory of ``hardware``, or whose models read into host
+    memory exceed what the job asks SLURM for (``resources.<kind>.mem_mb``); none without ``hardware``."""
     hw = Hardware.of(cfg)
     if hw is None:
         return []
-    return [f"job `{e.job}`: {e.peak / GIB:.1f} GiB per GPU ({e.peak_phase} peaks) > {hw.budget / GIB:.1f} GiB usable "
-            f"on {hw.name}; change: {e.advice()}" for e in estimates if e.peak > hw.budget]
+    out = [f"job `{e.job}`: {e.peak / GIB:.1f} GiB per GPU ({e.peak_phase} peaks) > {hw.budget / GIB:.1f} GiB usable "
+           f"on {hw.name}; change: {e.advice()}" for e in estimates if e.peak > hw.budget]
+    for e in estimates:
+        limit = _host_limit(cfg, e.kind)
+        if limit is not None and e.host > limit:
+            out.append(f"job `{e.job}`: {e.host / GIB:.0f} GiB of host memory while its models load (each of "
+                       f"{e.gpus} processes reads one whole) > resources.{e.kind}.mem_mb ({limit / GIB:.0f} GiB); "
+                       f"change: a higher resources.{e.kind}.mem_mb")
+    return out
 
 
 def refuse_unfit(cfg: Mapping[str, Any], plan: Any) -> None:
@@ -268,8 +287,8 @@ def refuse_unfit(cfg: Mapping[str, Any], plan: Any) -> None:
 def table(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
     hw = Hardware.of(cfg)
     comps = ["weights", "gradients", "optimizer", "teachers"]
-    head = ("| job | GPUs | " + " | ".join(comps) + " | peak phase (GiB) | peak GiB / GPU | fits | hours | GPU-hours |\n"
-            "|---|---|" + "---|" * (len(comps) + 6))
+    head = ("| job | GPUs | " + " | ".join(comps) + " | peak phase (GiB) | peak GiB / GPU | fits | host GiB / node | hours "
+            "| GPU-hours |\n|---|---|" + "---|" * (len(comps) + 7))
     lines = [head]
     for e in estimates:
         cells = [f"{e.static.get(c, 0.0) / GIB:.1f}" for c in comps]
@@ -277,7 +296,8 @@ def table(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
         hours = "-" if e.hours is None else f"{e.hours:.1f}"
         gpu_hours = "-" if e.hours is None else f"{e.hours * e.gpus:.0f}"
         lines.append(f"| {e.job} | {e.gpus} | " + " | ".join(cells) + f" | {e.peak_phase} "
-                     f"({e.phases.get(e.peak_phase, 0.0) / GIB:.1f}) | {e.peak / GIB:.1f} | {fits} | {hours} | {gpu_hours} |")
+                     f"({e.phases.get(e.peak_phase, 0.0) / GIB:.1f}) | {e.peak / GIB:.1f} | {fits} | {e.host / GIB:.0f} | {hours} "
+                     f"| {gpu_hours} |")
     return "\n".join(lines)
 
 

@@ -48,6 +48,7 @@ def test_fsdp_shards_what_ddp_replicates(paper):
     ("train.max_tokens_per_microbatch=131072", "train.max_tokens_per_microbatch"),
     ("train.distributed=ddp ~train.fsdp", "train.distributed=fsdp"),
     ("train.activation_checkpointing=false", "train.activation_checkpointing=true"),
+    ("resources.train.mem_mb=300000", "a higher resources.train.mem_mb"),
 ])
 def test_a_job_that_does_not_fit_is_refused_naming_the_knob(override, knob, capsys):
     cfg = compose(["profile=paper", *override.split()])
