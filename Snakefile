@@ -8,12 +8,16 @@ from pathlib import Path
 
 from opdgrpo.config import compose
 from opdgrpo.plan import build_plan
+from opdgrpo.resources import refuse_unfit
 
 _overrides = [f"profile={config['profile']}"] if "profile" in config else []
 _overrides += list(config.get("overrides", []))
 CFG = compose(_overrides, Path(workflow.basedir) / "conf")
 PLAN = build_plan(CFG)
 ROOT = PLAN.root
+# Each GPU job's estimated peak memory against the profile's `hardware` block (opdgrpo.resources; `opdgrpo resources`
+# prints the estimates): a job that would not fit is refused here, naming the knob, before anything is scheduled.
+refuse_unfit(CFG, PLAN)
 
 
 include: "workflow/rules/common.smk"

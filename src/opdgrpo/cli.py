@@ -120,7 +120,8 @@ def _forward(module: str, argv: Sequence[str]) -> int:
     return importlib.import_module(module).main(list(argv)) or 0
 
 
-FORWARDED = {"report": "opdgrpo.report.build", "savings": "opdgrpo.report.savings", "flops": "opdgrpo.cost"}
+FORWARDED = {"report": "opdgrpo.report.build", "savings": "opdgrpo.report.savings", "flops": "opdgrpo.cost",
+             "resources": "opdgrpo.resources"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -145,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("report", help="build the report from run directories (opdgrpo report --help)")
     sub.add_parser("savings", help="matched-accuracy savings of experts + OPD against joint GRPO (opdgrpo savings --help)")
     sub.add_parser("flops", help="predicted training FLOPs of every planned run, before any run starts (opdgrpo flops estimate --help)")
+    sub.add_parser("resources", help="estimated peak GPU memory per device and wall time of every job (opdgrpo resources --help)")
     args = parser.parse_args(argv)
     from transformers.utils import logging as hf_logging
 

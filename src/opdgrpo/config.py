@@ -119,6 +119,7 @@ def validate(cfg: dict[str, Any]) -> None:
     except schema.SchemaError as err:
         raise ConfigError(str(err)) from None
     _validate_domains(cfg)
+    _check_fsdp_block(cfg["train"])
     vocab = cfg["tokenizer"].get("vocab_size")
     if vocab is not None and cfg["methods"]["opd"]["top_k"] > vocab:   # a hub tokenizer's size is known once loaded
         raise ConfigError(
@@ -130,6 +131,15 @@ def validate(cfg: dict[str, Any]) -> None:
         if study in REGISTRY:
             REGISTRY[study].validate(cfg)
     tracking.check_installed(cfg["train"].get("report_to"))
+
+
+def _check_fsdp_block(train: dict[str, Any]) -> None:
+    """``train.fsdp``'s settings act only under ``distributed: fsdp``; set under another strategy they would do nothing."""
+    strategy = str(train.get("distributed", "ddp"))
+    set_keys = sorted(k for k, v in (train.get("fsdp") or {}).items() if v is not None)
+    if set_keys and strategy != "fsdp":
+        raise ConfigError(f"config key `train.fsdp` sets {set_keys}, which act only with `train.distributed: fsdp` "
+                          f"(it is {strategy!r}): remove the block (`~train.fsdp`) or set `train.distributed=fsdp`")
 
 
 def _check_names(cfg: dict[str, Any], study: str, scfg: dict[str, Any]) -> None:

@@ -182,7 +182,8 @@ def decode_flops(config: Any, rows: float, prompt_block: float, generated: float
 
 
 def step_flops(student: Any, rows: Mapping[str, int], lengths: Mapping[str, Lengths], max_new_tokens: float,
-               teachers: Mapping[str, Any] | None = None, passes: Mapping[str, Any] | None = None) -> dict[str, float]:
+               teachers: Mapping[str, Any] | None = None, passes: Mapping[str, Any] | None = None,
+               packed: bool = False) -> dict[str, float]:
     """Predicted FLOPs of one training step, by component, as :func:`opdgrpo.train.train` books them.
 
     ``rows``: sequences per domain in the step's batch; ``lengths``: each domain's lengths; ``teachers``: the
@@ -190,6 +191,11 @@ def step_flops(student: Any, rows: Mapping[str, int], lengths: Mapping[str, Leng
     over the batch and whether an old-policy and a reference forward run (default: one pass, neither). The batch
     shares one prompt block (the longest domain's padded prompt) and one decode length (the longest domain's padded
     response); each domain's rows stop after their own mean number of generated tokens.
+
+    ``packed`` (``train.max_tokens_per_microbatch`` set): the training passes (and the old-policy, reference and
+    teacher forwards) run over rows repacked by length, so each domain's rows are counted at their mean prompt and
+    generated lengths instead of the step's padded block; the padding left inside a packed micro-batch, and the
+    spread of lengths around the mean (attention grows with the square of a row's length), are not counted.
     """
     passes = passes or {}
     live = {d: n for d, n in rows.items() if n > 0}
@@ -201,10 +207,19 @@ def step_flops(student: Any, rows: Mapping[str, int], lengths: Mapping[str, Leng
     rollout = flop_formulas.prefill_flops(student, batch, prompt_block)
     for d, n in live.items():
         rollout += decode_flops(student, n, prompt_block, min(generated_tokens(lengths[d], max_new_tokens), decode))
-    seq, logits = prompt_block + decode, decode + 1
-    train = flop_formulas.train_flops(student, batch, seq, logits_positions=logits) * int(passes.get("updates", 1))
-    forward = flop_formulas.forward_flops(student, batch, seq, logits_positions=logits)
-    teacher = sum(flop_formulas.forward_flops(teachers[d], n, seq, logits_positions=logits) for d, n in live.items()) if teachers else 0.0
+    if packed:
+        shapes = {d: (lengths[d].prompt + generated_tokens(lengths[d], max_new_tokens),
+                      generated_tokens(lengths[d], max_new_tokens) + 1) for d in live}
+    else:
+        shapes = dict.fromkeys(live, (prompt_block + decode, decode + 1))
+
+    def over_rows(fn: Any, config: Any, domains: Any = None) -> float:
+        return sum(fn(config if domains is None else domains[d], n, shapes[d][0], logits_positions=shapes[d][1])
+                   for d, n in live.items())
+
+    train = over_rows(flop_formulas.train_flops, student) * int(passes.get("updates", 1))
+    forward = over_rows(flop_formulas.forward_flops, student)
+    teacher = over_rows(flop_formulas.forward_flops, None, teachers) if teachers else 0.0
     return {"rollout": rollout, "train": train, "old_policy": forward if passes.get("old_policy") else 0.0,
             "reference": forward if passes.get("reference") else 0.0, "teacher": float(teacher)}
 
@@ -288,7 +303,8 @@ def estimate_run(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], bloc
     if rc["method"]["name"] == "opd":
         teachers = {d: architecture(cfg, model_of(rc["teachers"][d]["from"], jobs)) for d in rows}
         teacher_names = {d: _display(rc["teachers"][d]["from"], jobs) for d in rows}
-    per_step = step_flops(student, rows, lengths, max_new, teachers, method_passes(rc["method"]))
+    packed = bool(rc["train"].get("max_tokens_per_microbatch"))
+    per_step = step_flops(student, rows, lengths, max_new, teachers, method_passes(rc["method"]), packed)
     steps = int(rc["method"]["steps"])
     batch = sum(rows.values())
     live = [d for d, n in rows.items() if n > 0]
@@ -583,8 +599,16 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_solve(args) -> int:
-    from .cost_solve import paper_analysis
+    from .cost_solve import paper_analysis, solve_steps, steps_table
 
+    if args.profile:
+        from .config import compose
+        from .plan import build_plan
+
+        cfg = compose([f"profile={args.profile}", *args.overrides], args.conf_dir)
+        print(f"# Steps that buy the paper's budgets: profile `{cfg['profile']}`\n\n{assumptions(cfg)}\n")
+        print(steps_table(*solve_steps(cfg, build_plan(cfg))))
+        return 0
     print(paper_analysis(prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens,
                          sequences_per_step=args.sequences_per_step))
     return 0
@@ -612,6 +636,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=float, default=256)
     p.add_argument("--response-tokens", type=float, default=4096, help="generated tokens per sequence")
     p.add_argument("--sequences-per-step", type=int, default=512)
+    p.add_argument("--profile", help="instead: the steps each run of this profile needs to spend the paper's budget "
+                                     "(the paper profile's step counts come from here)")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides with --profile")
+    p.add_argument("--conf-dir", type=Path, default=None)
     p.set_defaults(func=cmd_solve)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in sub.choices:   # options and overrides in any order after the subcommand

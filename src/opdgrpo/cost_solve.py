@@ -138,3 +138,60 @@ def paper_analysis(prompt_tokens: float = 256, response_tokens: float = 4096, se
                      f"{seqs * response_tokens:.3g} | {seqs / sequences_per_step:,.1f} | {fit_text} |")
     lines += ["", f"S1 at other lengths ({prompt_tokens:g} prompt tokens):", "", length_sweep(prompt_tokens)]
     return "\n".join(lines)
+
+
+# -- the paper profile's step counts from the paper's budgets ------------------------------------------------------
+@dataclass(frozen=True)
+class Budget:
+    knob: str           # the config key that sets the run's steps
+    run: str            # the paper profile's run (seed 0) whose FLOPs the figure is
+    figure: str
+    eflop: float
+    margin: float       # the run goes this far past the figure: 1.25 where a peak or a crossing must lie inside the curve
+
+
+#: The paper's figures as run budgets. S4's experts (10.7 EFLOP) are S3's math GRPO (10.1) plus S1's code GRPO (0.6):
+#: the paper's experts read as those runs, so each expert is sized by its own figure; S5's two further experts share
+#: the rest of its 14.4 evenly (the paper does not split it). OPD's steps serve S1's two teachers (the larger budget
+#: sets them); S3's self-teacher OPD (0.2 EFLOP) runs as long, its match found on the way.
+PAPER_BUDGETS = [
+    Budget("methods.grpo.domain_steps.math", "grpo-student-math-s0", "S3: GRPO to the self-teacher's accuracy", 10.1, 1.0),
+    Budget("methods.grpo.domain_steps.code", "grpo-student-code-s0", "S1: GRPO's peak on code (S4's experts less S3's)", 0.6, 1.0),
+    Budget("methods.grpo.domain_steps.ifeval", "grpo-student-ifeval-s0", "S5's experts less S4's, half", 1.85, 1.0),
+    Budget("methods.grpo.domain_steps.knowledge", "grpo-student-knowledge-s0", "S5's experts less S4's, half", 1.85, 1.0),
+    Budget("methods.opd.steps", "opd-qwen3_32b-code-s0", "S1: OPD with the 32B teacher peaks", 68.7, 1.25),
+    Budget("methods.opd.steps", "opd-qwen3_8b-code-s0", "S1: OPD with the 8B teacher peaks", 45.7, 1.25),
+    Budget("studies.S4.joint_steps", "grpo-student-math+code-s0", "S4: joint GRPO matched (implied)", 19.4, 1.25),
+    Budget("studies.S4.distill_steps", "opd-experts-math+code-s0", "S4: distillation of two experts", 0.55, 1.0),
+    Budget("studies.S5.joint_steps", "grpo-student-math+code+ifeval+knowledge-s0", "S5: joint GRPO matched (implied)", 22.7, 1.25),
+    Budget("studies.S5.distill_steps", "opd-experts-math+code+ifeval+knowledge-s0", "S5: distillation of four experts", 1.15, 1.0),
+]
+
+
+def solve_steps(cfg: Any, plan: Any) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """Steps per knob (the most any of its figures needs) and one row per figure, from the cost model's FLOPs per
+    step of the run the figure belongs to (:func:`opdgrpo.cost.estimate_run`)."""
+    from .cost import estimate_run
+
+    steps: dict[str, int] = {}
+    rows = []
+    for b in PAPER_BUDGETS:
+        if b.run not in plan.jobs:
+            raise KeyError(f"the paper profile plans no run `{b.run}` (figure: {b.figure})")
+        est = estimate_run(cfg, plan.jobs[b.run], plan.jobs)
+        per_step = est.total / est.steps
+        need = max(1, round(b.eflop * b.margin * 1e18 / per_step))
+        steps[b.knob] = max(steps.get(b.knob, 0), need)
+        rows.append({"budget": b, "per_step": per_step, "need": need, "configured": est.steps})
+    return steps, rows
+
+
+def steps_table(steps: dict[str, int], rows: list[dict[str, Any]]) -> str:
+    lines = ["| knob | run | paper's figure | EFLOP | x margin | EFLOP / step | steps needed | knob's steps | "
+             "run's EFLOP at those steps | configured now |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        b = r["budget"]
+        lines.append(f"| `{b.knob}` | {b.run} | {b.figure} | {b.eflop:g} | {b.margin:g} | {r['per_step'] / 1e18:.4f} | "
+                     f"{r['need']} | {steps[b.knob]} | {steps[b.knob] * r['per_step'] / 1e18:.3g} | {r['configured']} |")
+    overrides = " ".join(f"{k}={v}" for k, v in steps.items())
+    return "\n".join(lines) + f"\n\nAs overrides: {overrides}"

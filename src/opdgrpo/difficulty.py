@@ -30,6 +30,7 @@ import torch
 from . import numerics
 from .domains import Domain, Task, build_domain
 from .engines import checkpoint_engine
+from .evaluation import batch_bounds
 from .models import autocast, load_model
 from .progress import Progress
 from .rollout import PromptFormat, sample_and_score
@@ -42,17 +43,23 @@ from .tokenizer import load_tokenizer
 def solve_rates(model, tokenizer, domain: Domain, tasks: Sequence[Task], *, k: int, temperature: float,
                 max_new_tokens: int, batch_size: int, seed: int, fmt: PromptFormat = PromptFormat(),
                 top_p: float = 1.0, top_k: int = 0, progress: Progress | None = None,
-                engine=None) -> tuple[list[float], float]:
+                max_batch_tokens: int | None = None, engine=None) -> tuple[list[float], float]:
     """Per task, the share of ``k`` sampled completions the verifier rewards; plus the sampling FLOPs.
-    ``progress``: a line in the job's log per batch sampled. ``engine``: what samples (:mod:`opdgrpo.engines`,
-    holding ``model``'s weights); None: the project's sampler on ``model``."""
+    ``progress``: a line in the job's log per batch sampled. ``max_batch_tokens`` (``studies.S2.max_batch_tokens``):
+    each batch's KV-cache budget, as in evaluation (:func:`opdgrpo.evaluation.batch_bounds`); the sampled answers
+    depend on the batching (one generator draws for every batch), their distribution does not. ``engine``: what
+    samples (:mod:`opdgrpo.engines`, holding ``model``'s weights); None: the project's sampler on ``model``."""
     model.eval()
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     repeated = [t for t in tasks for _ in range(k)]
     rewards, flops = [], 0.0
-    for batch, start in enumerate(range(0, len(repeated), batch_size)):
+    bounds = batch_bounds(tokenizer, repeated, batch_size=batch_size, max_batch_tokens=max_batch_tokens,
+                          max_new_tokens=max_new_tokens, fmt=fmt, key="studies.S2.max_batch_tokens")
+    if progress:
+        progress.total = len(bounds)   # the caller's estimate counts batch_size rows per batch
+    for batch, (start, end) in enumerate(bounds):
         t0 = time.time()
-        chunk = sample_and_score(model, tokenizer, {domain.name: domain}, repeated[start : start + batch_size],
+        chunk = sample_and_score(model, tokenizer, {domain.name: domain}, repeated[start:end],
                                  max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
                                  fmt=fmt, top_p=top_p, top_k=top_k, engine=engine)
         rewards.append(chunk.rewards)
@@ -97,7 +104,7 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
                 temperature=float(sampling.get("temperature", rule["temperature"])),
                 top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)), fmt=fmt,
                 max_new_tokens=int(sampling.get("max_new_tokens", cfg["max_new_tokens"])),
-                batch_size=int(rule["batch_size"]), seed=int(cfg["seed"]),
+                batch_size=int(rule["batch_size"]), seed=int(cfg["seed"]), max_batch_tokens=rule.get("max_batch_tokens"),
                 progress=Progress(f"difficulty-{domain_name} {role}", batches),
                 engine=checkpoint_engine(cfg, cfg[role]["path"], model))
         del model

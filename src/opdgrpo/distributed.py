@@ -61,12 +61,9 @@ class Workers:
 
     @classmethod
     def from_config(cls, train: Mapping[str, Any]) -> "Workers":
-        """``train.distributed`` (default ``ddp``) and ``train.fsdp`` (read only under ``fsdp``: said if set otherwise,
-        e.g. the paper profile with ``train.distributed=ddp``)."""
-        strategy = str(train.get("distributed", "ddp"))
-        if train.get("fsdp") and strategy != "fsdp":
-            log.warning("config key `train.fsdp` is ignored: `train.distributed` is %r, not 'fsdp'", strategy)
-        return cls(strategy, policy=fsdp.Policy.from_config(train))
+        """``train.distributed`` (default ``ddp``) and ``train.fsdp`` (read only under ``fsdp``; set under another
+        strategy it is a config error: ``opdgrpo.config``)."""
+        return cls(str(train.get("distributed", "ddp")), policy=fsdp.Policy.from_config(train))
 
     @property
     def distributed(self) -> bool:
@@ -155,6 +152,14 @@ class Workers:
         t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(t)
         return t.tolist()
+
+    def max(self, value: int) -> int:
+        """The largest ``value`` over processes (e.g. the micro-batches every process runs in an update)."""
+        if not self.distributed:
+            return int(value)
+        t = torch.tensor([int(value)], dtype=torch.int64, device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return int(t.item())
 
     def any(self, flag: bool) -> bool:
         """True on every process when it is true on one (agree before a collective that might not happen)."""

@@ -6,6 +6,11 @@ count towards a run's cumulative training FLOPs).
 With several processes the sampling batches are dealt round-robin, each batch with its own generator seeded by
 (seed, batch index), and the results gathered: every process returns the same numbers. One process keeps one
 generator across batches, as it always did.
+
+Batches are ``batch_size`` rows, or (``max_batch_tokens``, :func:`opdgrpo.packing.token_batches`) as many
+consecutive rows as keep ``rows x (longest prompt + max_new_tokens)`` KV-cache positions within the budget. Greedy
+results (temperature 0) do not depend on the batching; sampled ones do, as a generator's draws depend on the batch
+shapes it samples: a given batching is reproducible, and another one samples other (equally distributed) answers.
 """
 
 from __future__ import annotations
@@ -15,23 +20,36 @@ from typing import Any, Mapping
 import torch
 
 from .domains import Domain, Task
-from .rollout import PromptFormat, sample_and_score
+from .packing import token_batches
+from .rollout import PromptFormat, encode_prompts, sample_and_score
 
 
-def _sample_all(model, tokenizer, domains, repeated: list[Task], *, batch_size: int, seed: int, workers, **kwargs):
+def batch_bounds(tokenizer, repeated: list[Task], *, batch_size: int, max_batch_tokens: int | None,
+                 max_new_tokens: int, fmt: PromptFormat, key: str) -> list[tuple[int, int]]:
+    """``[start, end)`` of each sampling batch over ``repeated``: ``batch_size`` rows, and within ``max_batch_tokens``
+    KV-cache positions where it is set (the prompts are tokenized once more to know their lengths)."""
+    if max_batch_tokens is None:
+        return token_batches([0] * len(repeated), max_new_tokens, batch_size, None)
+    lengths = [len(ids) for ids in encode_prompts(tokenizer, repeated, fmt)]
+    return token_batches(lengths, max_new_tokens, batch_size, max_batch_tokens, key)
+
+
+def _sample_all(model, tokenizer, domains, repeated: list[Task], *, batch_size: int, seed: int, workers,
+                max_batch_tokens: int | None = None, budget_key: str = "train.eval.max_batch_tokens", **kwargs):
     """(rewards, lengths, texts, flops) of every task in ``repeated``, in order."""
     device = next(model.parameters()).device
-    starts = list(range(0, len(repeated), batch_size))
+    starts = batch_bounds(tokenizer, repeated, batch_size=batch_size, max_batch_tokens=max_batch_tokens,
+                          max_new_tokens=kwargs["max_new_tokens"], fmt=kwargs.get("fmt", PromptFormat()), key=budget_key)
     distributed = workers is not None and workers.distributed
     generator = torch.Generator(device=device).manual_seed(seed)
     done: dict[int, tuple[list[float], list[int], list[str]]] = {}
     flops = 0.0
-    for index, start in enumerate(starts):
+    for index, (start, end) in enumerate(starts):
         if distributed:
             if index % workers.world != workers.rank:
                 continue
             generator = torch.Generator(device=device).manual_seed(seed * 7_919 + index)
-        chunk = sample_and_score(model, tokenizer, domains, repeated[start: start + batch_size], generator=generator, **kwargs)
+        chunk = sample_and_score(model, tokenizer, domains, repeated[start:end], generator=generator, **kwargs)
         done[index] = (chunk.rewards.tolist(), chunk.response_lengths, chunk.texts)
         flops += chunk.rollouts.flops
     if distributed:
@@ -50,11 +68,13 @@ def _sample_all(model, tokenizer, domains, repeated: list[Task], *, batch_size: 
 def evaluate(model, tokenizer, domains: Mapping[str, Domain], heldout: Mapping[str, Mapping[str, list[Task]]], *,
              k: int, temperature: float, max_new_tokens: int, batch_size: int, seed: int,
              fmt: PromptFormat = PromptFormat(), top_p: float = 1.0, top_k: int = 0, workers=None,
+             max_batch_tokens: int | None = None, budget_key: str = "train.eval.max_batch_tokens",
              engine=None) -> tuple[list[dict[str, Any]], float]:
     """Per held-out set: accuracy (avg@k), pass@k where k > 1, mean response length in tokens, and what the domain
     reports beyond accuracy (IFEval's constraint rates); plus the FLOPs spent. A domain may ask for its own k per
-    set (``eval_k``, e.g. 16 samples for AIME). ``engine`` samples (:mod:`opdgrpo.engines`; it holds ``model``'s
-    weights); None: the project's own sampler on ``model``."""
+    set (``eval_k``, e.g. 16 samples for AIME). ``max_batch_tokens``: the KV-cache budget of a sampling batch
+    (``budget_key`` names its config key in messages); None: ``batch_size`` rows per batch. ``engine`` samples
+    (:mod:`opdgrpo.engines`; it holds ``model``'s weights); None: the project's own sampler on ``model``."""
     from .metrics import summarise
 
     was_training = model.training
@@ -66,6 +86,7 @@ def evaluate(model, tokenizer, domains: Mapping[str, Domain], heldout: Mapping[s
             repeated = [t for t in tasks for _ in range(set_k)]
             rewards, lengths, texts, set_flops = _sample_all(
                 model, tokenizer, domains, repeated, batch_size=batch_size, seed=seed, workers=workers,
+                max_batch_tokens=max_batch_tokens, budget_key=budget_key,
                 max_new_tokens=max_new_tokens, temperature=temperature, fmt=fmt, top_p=top_p, top_k=top_k, engine=engine)
             flops += set_flops
             result = {

@@ -104,6 +104,8 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
                                            top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)),
                                            max_new_tokens=int(sampling.get("max_new_tokens", ev.get("max_new_tokens", 48))),
                                            batch_size=int(ev.get("batch_size", 64)), seed=int(cfg["seed"]), fmt=fmt,
+                                           max_batch_tokens=ev.get("max_batch_tokens"),
+                                           budget_key="pretrain.eval.max_batch_tokens",
                                            engine=checkpoint_engine(cfg, checkpoint, model))
     rewrite_jsonl(out_dir / "evals.jsonl", [{"step": 0, "cumulative_flops": 0.0, "eval_flops": eval_flops, "results": results}])
     summary = {"model": name, "source": "hub", "path": str(model_cfg["path"]), "revision": model_cfg.get("revision"),

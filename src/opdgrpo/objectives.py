@@ -47,6 +47,9 @@ class Shard:
     scored: ScoredRollouts
     old_logprobs: torch.Tensor | None = field(default=None, repr=False)   # the sampling policy's (B, T)
     ref_logprobs: torch.Tensor | None = field(default=None, repr=False)   # the reference model's (B, T)
+    #: GRPO's per-row advantages, when the rows were repacked from the sampled shards that held their groups
+    #: (train.max_tokens_per_microbatch, :mod:`opdgrpo.microbatch`); None: computed from this shard's own groups
+    advantages: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def sequences(self) -> torch.Tensor:
@@ -83,6 +86,10 @@ class Objective(Protocol):
     def logprobs(self, logits: torch.Tensor, shard: Shard) -> torch.Tensor:
         """``(B, T)`` log-probs of the shard's response tokens under ``logits``, as the objective reads them."""
 
+    def advantages(self, shard: Shard) -> torch.Tensor | None:
+        """Per-row values computed over a row's group of a sampled shard (GRPO's advantages), carried when rows are
+        repacked into other micro-batches; None where the objective has none."""
+
     def student_reduce(self, shard: Shard, check: Check) -> tuple[Reduce, tuple[torch.Tensor, ...]]:
         """What the loss reads of the student's logits, per position (``reduce(logits, *extras)``, with the shard's
         per-position ``extras``), for :func:`opdgrpo.logit_chunks.reduce_response`; ``check`` sees every chunk's
@@ -118,6 +125,12 @@ class GRPOObjective:
     def logprobs(self, logits: torch.Tensor, shard: Shard) -> torch.Tensor:
         return token_logprobs(logits, shard.targets, temperature=self.temperature)
 
+    def advantages(self, shard: Shard) -> torch.Tensor:
+        """Each row's group-relative advantage (its group: the ``group_size`` consecutive rows of its prompt)."""
+        if shard.advantages is not None:
+            return shard.advantages
+        return group_advantages(shard.scored.rewards, self.rollouts_per_prompt, scale_by_std=self.scale_by_std)
+
     def student_reduce(self, shard: Shard, check: Check) -> tuple[Reduce, tuple[torch.Tensor, ...]]:
         def reduce(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
             return (token_logprobs(check(logits, "student_logits"), targets, temperature=self.temperature),)
@@ -130,8 +143,7 @@ class GRPOObjective:
     def loss_from(self, reduced: tuple[torch.Tensor, ...], shard: Shard, normalizer: float | None, check: Check,
                   flops: dict[str, float], vocab: int) -> tuple[torch.Tensor, dict[str, float]]:
         (logprobs,) = reduced
-        advantages = group_advantages(shard.scored.rewards, self.rollouts_per_prompt,
-                                      scale_by_std=self.scale_by_std).to(logprobs.device)
+        advantages = self.advantages(shard).to(logprobs.device)
         # One optimiser step per batch: the sampling policy is the current one, so the old log-probabilities are
         # these, detached (no extra forward, none counted). Several: the sampling policy's, computed before the
         # first update (the ledger's ``old_policy``).
@@ -175,6 +187,10 @@ class OPDObjective:
         """Untempered: OPD's loss compares the student's and the teachers' own distributions (docs/method.md, "OPD"),
         whatever temperature sampled the states it is computed on."""
         return token_logprobs(logits, shard.targets)
+
+    def advantages(self, shard: Shard) -> None:
+        """None: OPD's loss reads no value of a row's group."""
+        return None
 
     def student_reduce(self, shard: Shard, check: Check) -> tuple[Reduce, tuple[torch.Tensor, ...]]:
         """:func:`student_topk`'s values; with an engine's log-probs on the shard, also the sampled tokens'

@@ -54,6 +54,10 @@ class Planner:
         self.root = f"{cfg['results_dir']}/{cfg['profile']}"
         self.jobs: dict[str, Job] = {}
         self.studies: dict[str, dict[str, Any]] = {}
+        unknown = sorted(set(cfg["methods"]["grpo"].get("domain_steps") or {}) - set(cfg["domains"]))
+        if unknown:
+            raise ConfigError(f"config key `methods.grpo.domain_steps` names {unknown}, not among `domains` "
+                              f"({sorted(cfg['domains'])})")
 
     # -- base stage ---------------------------------------------------------------------------
     def tokenizer(self, model: str | None = None) -> Job:
@@ -120,6 +124,7 @@ class Planner:
             teachers: dict[str, str] | None = None, method_overrides: dict[str, Any] | None = None, label: str = "",
             train_overrides: dict[str, Any] | None = None, subset: tuple[Job, dict[str, Any]] | None = None) -> Job:
         method_cfg = copy.deepcopy(self.cfg["methods"][method])
+        method_cfg.pop("domain_steps", None)   # read by grpo_expert; a run's block holds its own steps
         method_cfg.update({k: v for k, v in (method_overrides or {}).items() if v is not None})
         train_cfg = copy.deepcopy(self.cfg["train"])
         train_cfg.update({k: v for k, v in (train_overrides or {}).items() if v is not None})
@@ -172,7 +177,9 @@ class Planner:
 
     def grpo_expert(self, study: str, domain: str, seed: int, student: str = "student") -> Job:
         """A student's GRPO run on one domain: S1's baseline, S3's self-teacher, S4/S5's expert (one run, shared)."""
-        return self.run(f"grpo-{student}-{domain}-s{seed}", study, "grpo", [domain], seed, f"base:{student}", label="GRPO")
+        steps = (self.cfg["methods"]["grpo"].get("domain_steps") or {}).get(domain)
+        return self.run(f"grpo-{student}-{domain}-s{seed}", study, "grpo", [domain], seed, f"base:{student}",
+                        method_overrides={"steps": steps}, label="GRPO")
 
     # -- selection jobs ---------------------------------------------------------------------------------------
     def difficulty(self, s: Mapping[str, Any]) -> Job:
@@ -182,6 +189,8 @@ class Planner:
         if job_id not in self.jobs:
             student, teacher = self.base(st), self.base(t)
             rule = {k: s[k] for k in ("pool_size", "k", "temperature", "student_bins", "teacher_bins", "batch_size")}
+            if s.get("max_batch_tokens") is not None:   # absent unless set: unchanged configs rerun nothing
+                rule["max_batch_tokens"] = s["max_batch_tokens"]
             rule["precision"] = self.cfg["train"].get("precision", "fp32")
             tokenizer = self.tokenizer(st)
             if self.tokenizer_spec(t) != self.tokenizer_spec(st):

@@ -120,7 +120,9 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     with autocast(pre.get("precision", "fp32")):
         results, eval_flops = evaluate(model, tokenizer, domains, heldout, k=int(eval_cfg["k"]),
                                        temperature=float(eval_cfg["temperature"]), max_new_tokens=48,
-                                       batch_size=512, seed=int(cfg["seed"]),
+                                       batch_size=int(eval_cfg.get("batch_size", 512)), seed=int(cfg["seed"]),
+                                       max_batch_tokens=eval_cfg.get("max_batch_tokens"),
+                                       budget_key="pretrain.eval.max_batch_tokens",
                                        engine=checkpoint_engine(cfg, out_dir / "checkpoint", model))
     rewrite_jsonl(out_dir / "evals.jsonl", [{"step": steps, "cumulative_flops": 0.0, "eval_flops": eval_flops, "results": results}])
     summary = {

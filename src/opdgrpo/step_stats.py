@@ -45,6 +45,7 @@ class StepStats:
     metrics: dict[str, float] = field(default_factory=dict)   # summed over shard losses; the ledger has their mean
     grad_norm: float | None = None   # summed over updates (the same on every process); the ledger has their mean
     updates: int = 0                 # optimiser updates made on the batch
+    losses: int = 0                  # micro-batch losses computed (every update's); the ledger's metrics are their mean
     skipped: str | None = None   # the component that made a skipped step non-finite
 
     @classmethod
@@ -55,6 +56,7 @@ class StepStats:
     def add_loss(self, loss: torch.Tensor, metrics: dict[str, float]) -> None:
         """A shard's loss and metrics, after its backward (once per update the shard takes part in)."""
         self.loss += loss.item()
+        self.losses += 1
         for name, value in metrics.items():
             self.metrics[name] = self.metrics.get(name, 0.0) + value
 
@@ -63,16 +65,26 @@ class StepStats:
         self.updates += 1
 
     def add_shard(self, shard: Shard, teachers: bool) -> None:
-        """A shard's tokens, rewards and lengths (once per step, however many updates it takes part in)."""
-        ro, batch, length = shard.scored.rollouts, shard.sequences.shape[0], shard.sequences.shape[1]
+        """A sampled shard that is also one training micro-batch: :meth:`add_sampled` and :meth:`add_trained`."""
+        self.add_sampled(shard)
+        self.add_trained(shard, teachers)
+
+    def add_sampled(self, shard: Shard) -> None:
+        """A sampled shard's prompt, completion and rollout tokens, rewards and lengths (once per step)."""
+        ro, batch = shard.scored.rollouts, shard.sequences.shape[0]
         self.tokens["prompt"] += int(shard.attention_mask[:, : ro.prompt_len].sum())
         self.tokens["completion"] += int(shard.mask.sum())
         self.tokens["rollout_computed"] += int(ro.tokens_computed)
-        self.tokens["train"] += batch * length
-        self.tokens["teacher"] += batch * length if teachers else 0
         self.reward += float(shard.scored.rewards.sum())
         self.length += sum(shard.scored.response_lengths)
         self.sequences += batch
+
+    def add_trained(self, shard: Shard, teachers: bool) -> None:
+        """A training micro-batch's padded tokens, as the student's (and teachers') forwards computed them (once per
+        step, however many updates it takes part in)."""
+        batch, length = shard.sequences.shape[0], shard.sequences.shape[1]
+        self.tokens["train"] += batch * length
+        self.tokens["teacher"] += batch * length if teachers else 0
 
     def all_reduce(self, workers) -> "StepStats":
         """The step's totals over every process (identity on one process). A skipped step sums its FLOPs only."""
@@ -82,17 +94,19 @@ class StepStats:
             return dataclasses.replace(self, flops=flops)
         kinds, metric_names = list(self.tokens), sorted(self.metrics)
         totals = workers.sum([*(self.tokens[n] for n in kinds), self.loss, self.reward, self.length, self.sequences,
-                              *(self.metrics[n] for n in metric_names)])
+                              *(self.metrics[n] for n in metric_names), self.losses])
         scalars = totals[len(kinds): len(kinds) + 4]
         return dataclasses.replace(
             self, flops=flops, tokens={n: int(v) for n, v in zip(kinds, totals)},
             loss=scalars[0], reward=scalars[1], length=scalars[2], sequences=int(scalars[3]),
-            metrics=dict(zip(metric_names, totals[len(kinds) + 4:])))
+            metrics=dict(zip(metric_names, totals[len(kinds) + 4:-1])), losses=int(totals[-1]))
 
-    def ledger_line(self, step: int, cumulative: float, lr: float, wall: float, losses: int) -> dict[str, Any]:
+    def ledger_line(self, step: int, cumulative: float, lr: float, wall: float, losses: int | None = None) -> dict[str, Any]:
         """The step's ledger line (after :meth:`all_reduce`); ``cumulative`` includes this step; ``losses``: the
-        shard losses computed in the step over every process (shards x ``updates_per_batch``), whose metrics the
-        line averages. Loss and gradient norm are means over the updates."""
+        micro-batch losses computed in the step over every process, whose metrics the line averages (default: the
+        count :meth:`add_loss` kept; shards x ``updates_per_batch`` without ``train.max_tokens_per_microbatch``).
+        Loss and gradient norm are means over the updates."""
+        losses = self.losses if losses is None else losses
         step_flops = sum(self.flops.values())
         rate = {"lr": lr, "wall_s": round(wall, 3), "achieved_flops_per_s": step_flops / wall}
         if self.skipped:

@@ -5,7 +5,9 @@ log-probs that stay fixed over the step's updates, without gradients (the sampli
 several updates; a frozen reference model's when GRPO has a KL term) -> ``method.updates_per_batch`` passes over
 the batch, each cut into ``method.minibatches`` optimiser updates (both 1 by default: one update per batch); per
 update and shard: the student's training forward, the run's objective (GRPO's clipped policy gradient, or OPD's
-reverse KL to each prompt's domain teacher) and its backward, then clip and update -> one ledger line with the
+reverse KL to each prompt's domain teacher) and its backward (a shard is one micro-batch; with
+``train.max_tokens_per_microbatch`` a process's rows of the update are repacked by length into micro-batches within
+that many padded tokens, :mod:`opdgrpo.microbatch`), then clip and update -> one ledger line with the
 FLOPs of every component (one line per sampled batch, whatever the number of updates). Every update of a step uses
 the step's learning rate (``method.warmup_steps`` counts steps). Held-out avg@k at step 0, every ``eval_every``
 steps and at the end; a checkpoint every ``checkpoint_every`` steps. A rerun resumes from the newest checkpoint of
@@ -42,8 +44,10 @@ from .evaluation import evaluate, heldout_for
 from .inference import FrozenForward
 from .logit_chunks import chunk_tokens, reduced_forward
 from .losses import aggregation_count
+from .microbatch import repack
 from .models import autocast, enable_activation_checkpointing, load_model, parameter_count
 from .objectives import Objective, Shard, build_objective, position_ids
+from .packing import check_budget
 from .peak import matmul_dtype, matmul_peak, mfu_summary
 from .progress import Progress, clock
 from .rollout import PromptFormat, sample_and_score
@@ -190,8 +194,7 @@ def _loop(run: Run, stop: dict[str, Any]) -> dict[str, Any]:
         faults.pace(t0)
         run.cumulative += sum(stats.flops.values())
         wall = max(time.time() - t0, 1e-9)
-        line = stats.ledger_line(step, run.cumulative, run.optimizer.param_groups[0]["lr"], wall,
-                                 losses=every["shards"] * every["updates_per_batch"])
+        line = stats.ledger_line(step, run.cumulative, run.optimizer.param_groups[0]["lr"], wall)
         if run.main:
             append_jsonl(run.ledger, line)
             run.tracker.step(line)
@@ -208,8 +211,9 @@ def _loop(run: Run, stop: dict[str, Any]) -> dict[str, Any]:
 
 
 def _step(run: Run, step: int) -> StepStats:
-    """One step (one sampled batch) on this process's shards: sample and score; the log-probs fixed over the batch;
-    then per pass over the batch and mini-batch: forward/loss/backward per shard, update."""
+    """One step (one sampled batch) on this process's shards: sample and score; cut into mini-batches of training
+    micro-batches (the shards, or rows repacked by ``train.max_tokens_per_microbatch``); the log-probs fixed over
+    the batch; then per pass over the batch and mini-batch: forward/loss/backward per micro-batch, update."""
     _set_lr(run, step)
     stats, where = StepStats.of(run.settings["components"]), f"run {run.cfg['run_id']} step {step}"
     try:
@@ -217,9 +221,11 @@ def _step(run: Run, step: int) -> StepStats:
         shards = _sample(run, step, stats, guard)                                   # 1. rollouts and rewards
         faults.kill_point("rollout", step)
         guard.agree()
-        _fixed_logprobs(run, shards, stats, Guard(run.workers, where, step))        # 2. old policy, reference
-        for epoch in range(run.settings["updates_per_batch"]):                      # 3. passes over the batch,
-            for minibatch in _minibatches(run, shards):                             #    one update per mini-batch
+        minibatches = _minibatches(run, shards)                                     # 2. micro-batches by update
+        _fixed_logprobs(run, [m for group in minibatches for m in group], stats,    # 3. old policy, reference
+                        Guard(run.workers, where, step))
+        for epoch in range(run.settings["updates_per_batch"]):                      # 4. passes over the batch,
+            for minibatch in minibatches:                                           #    one update per mini-batch
                 _train_minibatch(run, step, minibatch, stats, where, first_pass=epoch == 0)
         run.streak = 0
     except NonFinite as err:
@@ -264,6 +270,7 @@ def _sample(run: Run, step: int, stats: StepStats, guard: Guard) -> list[Shard]:
             stats.flops["rollout"] += scored.rollouts.flops
             scored.rewards = guard.check(scored.rewards, "rewards")
             shards.append(Shard(tasks, scored))
+            stats.add_sampled(shards[-1])
         policy.train()
     run.model.train()
     return shards
@@ -321,13 +328,19 @@ class _Targets:
 
 
 def _minibatches(run: Run, shards: list[Shard]) -> list[list[Shard]]:
-    """This process's shards by mini-batch: the step's shards cut into ``method.minibatches`` consecutive groups
-    (``_settings`` makes every group hold the same number of shards of every process)."""
+    """This process's training micro-batches by mini-batch: the step's shards cut into ``method.minibatches``
+    consecutive groups (``_settings`` makes every group hold the same number of shards of every process); with
+    ``train.max_tokens_per_microbatch`` each group's rows repacked by length within it (:mod:`opdgrpo.microbatch`),
+    as many micro-batches on every process."""
     per_minibatch = run.settings["shards"] // run.settings["minibatches"]
     groups: list[list[Shard]] = [[] for _ in range(run.settings["minibatches"])]
     for index, shard in zip(run.settings["mine"], shards):
         groups[index // per_minibatch].append(shard)
-    return groups
+    cap = run.settings["microbatch_tokens"]
+    if cap is None:
+        return groups
+    return [repack(group, cap, run.workers.max, int(run.tokenizer.pad_token_id), run.objective.advantages)
+            for group in groups]
 
 
 def _train_minibatch(run: Run, step: int, shards: list[Shard], stats: StepStats, where: str, first_pass: bool) -> None:
@@ -345,14 +358,15 @@ def _train_minibatch(run: Run, step: int, shards: list[Shard], stats: StepStats,
         stats.flops["train"] += 2 * _student_flops(run, shard)                 # the backward
         stats.add_loss(loss, metrics)
         if first_pass:
-            stats.add_shard(shard, run.objective.scores_with_teachers)
+            stats.add_trained(shard, run.objective.scores_with_teachers)
     stats.add_update(_update(run, step, where))                                 # clip and update
 
 
 def _normalizer(run: Run, shards: list[Shard]) -> float | None:
-    """The whole update's token (or sequence) count (its mini-batch over every process), so the shards' losses
-    add up to the loss of one big batch; None when the update is one shard (its own count is the same)."""
-    if run.settings["shards"] == run.settings["minibatches"]:
+    """The whole update's token (or sequence) count (its mini-batch over every process), so the micro-batches'
+    losses add up to the loss of one big batch whatever their grouping; None when the update is one shard trained
+    as it was sampled (its own count is the same)."""
+    if run.settings["shards"] == run.settings["minibatches"] and run.settings["microbatch_tokens"] is None:
         return None
     local = sum(aggregation_count(shard.mask, run.objective.aggregation) for shard in shards)
     return run.workers.sum([local])[0]
@@ -439,7 +453,8 @@ def _evaluate(run: Run, step: int) -> dict[str, Any]:
                                        temperature=float(ev["temperature"]), max_new_tokens=int(shared["max_new_tokens"]),
                                        batch_size=int(ev["batch_size"]), seed=eval_seed(int(run.cfg["seed"]), step),
                                        fmt=run.fmt, top_p=float(ev.get("top_p", 1.0)), top_k=int(ev.get("top_k", 0)),
-                                       workers=run.workers, engine=run.engine)
+                                       workers=run.workers, max_batch_tokens=ev.get("max_batch_tokens"),
+                                       engine=run.engine)
     faults.kill_point("eval", step)
     record = {"step": step, "cumulative_flops": run.cumulative, "eval_flops": eval_flops, "results": results}
     if run.main:
@@ -523,6 +538,7 @@ def _settings(cfg: dict[str, Any], workers: Workers) -> dict[str, Any]:
             "nonfinite": nonfinite, "max_skips": max_skips, "prompts_per_step": prompts_per_step, "shards": shards,
             "updates_per_batch": updates, "minibatches": minibatches, "logit_chunk_tokens": chunk_tokens(shared),
             "components": components(reference=float(method.get("beta") or 0.0) > 0),
+            "microbatch_tokens": check_budget(shared.get("max_tokens_per_microbatch"), "train.max_tokens_per_microbatch"),
             # this process's shards of every step
             "mine": [s for s in range(shards) if s % workers.world == workers.rank]}
 

@@ -42,6 +42,16 @@ def test_snakemake_dry_run_lists_the_paper_dag_with_resources(tmp_path):
     assert re.search(r"gpu=8", text) and re.search(r"runtime=2880", text)   # training jobs: one 8-GPU node
 
 
+def test_snakemake_refuses_a_paper_job_that_would_not_fit_its_gpus(tmp_path):
+    """opdgrpo.resources' estimate against the profile's `hardware`: nothing is scheduled, the knob is named."""
+    out = subprocess.run([*SNAKEMAKE, "-n", "--cores", "1", "--config", "profile=paper",
+                          f'overrides=["results_dir={tmp_path}","train.eval.max_batch_tokens=2000000"]'],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "Job stats" not in out.stdout
+    assert "would run out of GPU memory" in text and "change: a lower train.eval.max_batch_tokens" in text, text[-3000:]
+
+
 def test_plain_snakemake_from_the_root_finds_the_snakefile_and_the_default_profile(tmp_path):
     """No --snakefile, no --cores, no --workflow-profile, as the README runs it: the root Snakefile, and the local
     profile workflow/profiles/default, found as profiles/default through the link profiles -> workflow/profiles (it

@@ -94,6 +94,7 @@ def _tiny_paper_config(root: Path, models: dict[str, str], domains: tuple[str, .
         for name, spec in d["heldout"].items():
             spec.update({"size": 3, "k": 2})
     cfg["methods"]["grpo"].update({"steps": 2, "group_size": 4})
+    cfg["methods"]["grpo"].pop("domain_steps")   # the paper's per-expert budgets: every run here takes 2 steps
     cfg["methods"]["opd"].update({"steps": 2})
     names = list(domains)
     cfg["studies"] = {"S5": {**cfg["studies"]["S5"], "domains": names},

@@ -67,6 +67,19 @@ def test_opd_run_prediction_equals_a_hand_computation(tmp_path):
     assert est.student == "student" and est.teachers == {"math": "teacher_m"}
 
 
+def test_packed_training_passes_are_counted_at_the_mean_lengths(tmp_path):
+    """Under train.max_tokens_per_microbatch rows are repacked by length: the passes count each row at its mean
+    prompt + generated tokens (9 + 7) instead of the padded block (11 + 12); rollouts still decode the block."""
+    block = {"prompt_tokens": 9, "padded_prompt_tokens": 11, "response_tokens": 6, "padded_response_tokens": 12}
+    cfg, plan = smoke(tmp_path, "+train.max_tokens_per_microbatch=64", cost_model=block)
+    est = cost.estimate_run(cfg, plan.jobs["opd-teacher_m-math-s0"], plan.jobs)
+    s, t = qwen3(cfg, "student"), qwen3(cfg, "teacher_m")
+    b, steps = 16, cfg["methods"]["opd"]["steps"]
+    assert est.flops["rollout"] == pytest.approx(steps * F.generate_flops(s, b, 11, 7), rel=1e-12)
+    assert est.flops["train"] == pytest.approx(steps * F.train_flops(s, b, 16, logits_positions=8), rel=1e-12)
+    assert est.flops["teacher"] == pytest.approx(steps * F.forward_flops(t, b, 16, logits_positions=8), rel=1e-12)
+
+
 def test_multi_domain_distillation_routes_rows_to_each_experts_shape(tmp_path):
     block = {"prompt_tokens": 5, "per_domain": {
         "math": {"prompt_tokens": 8, "response_tokens": 3, "padded_response_tokens": 10},
@@ -177,3 +190,29 @@ def test_grpo_knobs_add_their_passes_to_the_prediction(tmp_path):
     plain = cost.estimate_run(default_cfg, default_plan.jobs["grpo-student-math-s0"], default_plan.jobs)
     assert plain.flops["old_policy"] == plain.flops["reference"] == 0
     assert "old_policy" not in cost.runs_table([plain])
+
+
+def test_paper_profile_steps_are_what_the_papers_budgets_buy(capsys):
+    """conf/profile/paper.yaml's step counts equal `opdgrpo flops solve --profile paper` at its cost model, and each
+    figure's run, at those steps, spends at least the figure's budget (x its margin) within one step."""
+    from omegaconf import OmegaConf
+
+    from opdgrpo.cost_solve import solve_steps
+
+    cfg = compose(["profile=paper"], REPO / "conf")
+    plan = build_plan(cfg)
+    steps, rows = solve_steps(cfg, plan)
+    configured = {k: OmegaConf.select(OmegaConf.create(cfg), k) for k in steps}
+    assert configured == steps, "paste `opdgrpo flops solve --profile paper`'s counts into conf/profile/paper.yaml"
+    for r in rows:
+        spent = r["configured"] * r["per_step"]
+        assert spent >= r["budget"].eflop * r["budget"].margin * 1e18 - r["per_step"] / 2, r
+    assert plan.jobs["grpo-student-math-s0"].config["method"]["steps"] == steps["methods.grpo.domain_steps.math"]
+    assert "domain_steps" not in plan.jobs["grpo-student-math-s0"].config["method"]
+    assert cli_main(["flops", "solve", "--profile", "paper"]) == 0
+    assert "methods.grpo.domain_steps.code" in capsys.readouterr().out
+
+
+def test_domain_steps_for_an_unknown_domain_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="methods.grpo.domain_steps"):
+        smoke(tmp_path, "+methods.grpo.domain_steps={poetry: 3}")

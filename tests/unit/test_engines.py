@@ -103,3 +103,15 @@ def test_grpo_weights_each_tokens_policy_gradient_by_its_importance_weight():
     plain, _ = grpo_loss(logprobs, logprobs.detach(), advantages, shard.mask)
     assert float(loss.detach()) == pytest.approx(float(want.detach())) and float(loss.detach()) != pytest.approx(float(plain.detach()))
     assert {"engine_logprob_diff_mean", "engine_logprob_diff_max", "engine_is_weight_mean"} <= set(metrics)
+
+
+def test_repacked_micro_batches_keep_the_engines_logprobs():
+    """``train.max_tokens_per_microbatch`` repacks rows into new shards: each row's engine log-probs go with it."""
+    from opdgrpo.microbatch import repack
+
+    a = _shard([[-1.0, -2.0], [-0.5, -3.0]], [[True, True], [True, False]])
+    b = _shard([[-0.25, -0.75]], [[True, True]])
+    packed = repack([a, b], cap=3, agree=lambda n: n, pad_id=0, advantages=lambda shard: None)
+    got = sorted((tuple(s.scored.rollouts.logprobs[i][s.mask[i]].tolist()) for s in packed for i in range(len(s.tasks))))
+    assert got == sorted([(-1.0, -2.0), (-0.5,), (-0.25, -0.75)])
+    assert len(packed) > 1

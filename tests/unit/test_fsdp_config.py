@@ -3,7 +3,6 @@ themselves: tests/integration/test_fsdp.py)."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import yaml
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from opdgrpo import schema
-from opdgrpo.distributed import Workers
+from opdgrpo.config import ConfigError, compose
 from opdgrpo.fsdp import Policy, decoder_layers
 from opdgrpo.models import enable_activation_checkpointing
 
@@ -38,11 +37,12 @@ def test_fsdp_schema_keys():
         schema.validate({**train, "distributed": "fsdp1"}, "train")
 
 
-def test_fsdp_block_under_another_strategy_is_said(caplog):
-    with caplog.at_level(logging.WARNING, logger="opdgrpo.distributed"):
-        workers = Workers.from_config({"distributed": "ddp", "fsdp": {"param_dtype": "float32"}})
-    assert "`train.fsdp` is ignored" in caplog.text
-    assert not workers.sharded and workers.world == 1
+def test_fsdp_block_under_another_strategy_is_an_error():
+    """A key that would do nothing: the paper profile with `train.distributed=ddp` must drop its fsdp block."""
+    with pytest.raises(ConfigError, match=r"train.fsdp.*~train.fsdp"):
+        compose(["profile=paper", "train.distributed=ddp"])
+    cfg = compose(["profile=paper", "train.distributed=ddp", "~train.fsdp"])
+    assert cfg["train"]["distributed"] == "ddp" and "fsdp" not in cfg["train"]
 
 
 def test_fsdp_activation_checkpointing_recomputes_each_layer():

@@ -78,7 +78,10 @@ class S2(Study[S2Entry]):
             "temperature": {"type": "number", "minimum": 0},
             "student_bins": {"type": "integer", "minimum": 1},
             "teacher_bins": {"type": "integer", "minimum": 1},
-            "batch_size": {"type": "integer", "minimum": 1},
+            "batch_size": {"type": "integer", "minimum": 1, "description": "rows per sampling batch (at most)"},
+            "max_batch_tokens": {"type": ["integer", "null"], "minimum": 1,
+                                 "description": "KV-cache budget of a sampling batch: rows x (longest prompt + "
+                                                "max_new_tokens) at most this; null: batch_size rows per batch"},
             "pool_size": {"type": ["integer", "null"], "minimum": 1, "description": "prompts rated; null: the whole pool"},
             "low_teacher_subsets": {"type": "integer", "minimum": 0,
                                     "description": "how many subsets (lowest teacher solve rate first) OPD should win"},

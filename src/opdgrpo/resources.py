@@ -1,0 +1,338 @@
+"""Will each job fit on its GPUs, and how long will it run: ``opdgrpo resources --profile paper``.
+
+Per planned job: the peak memory per device (:mod:`opdgrpo.memory_model`: weights, gradients, optimizer state,
+teachers, and the largest of its phases: sampling's KV cache, the training pass's activations and logit chunks,
+evaluation's KV cache) against the profile's ``hardware`` block, and the wall time from the cost model's FLOPs
+(:mod:`opdgrpo.cost`) at the throughput ``hardware`` states. The Snakefile calls :func:`refuse_unfit` before it
+schedules anything, so a job whose estimate does not fit never starts; the message names the knob to change.
+
+Our own model: the paper's jobs are ours to size, and no library predicts this trainer's phases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from .config import ConfigError
+from .cost import architecture, cost_block, estimate_run, lengths_for, model_of
+from .logit_chunks import chunk_tokens
+from .memory_model import ADAM_STATE_BYTES, GIB, Shape, activation_bytes, kv_cache_bytes, layer_params, logit_chunk_bytes, params, root_params
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+#: What to change when a component is the one that does not fit, per component.
+ADVICE = {
+    "weights": "train.distributed=fsdp or more GPUs per run (resources.train.gpu)",
+    "optimizer": "train.distributed=fsdp or more GPUs per run (resources.train.gpu)",
+    "gradients": "train.distributed=fsdp or more GPUs per run (resources.train.gpu)",
+    "teachers": "train.distributed=fsdp (teachers are sharded like the student) or a smaller teacher",
+    "sampling": "more train.micro_batches (fewer rows per sampling call) or a lower train.max_new_tokens",
+    "training pass": "a lower train.max_tokens_per_microbatch, train.activation_checkpointing=true, or a lower "
+                     "train.logit_chunk_tokens",
+    "evaluation": "a lower {eval_knob} (or batch_size beside it)",
+}
+
+#: The batch knob of each kind of job's evaluation (the rows sampled at once).
+EVAL_KNOBS = {"train": "train.eval.max_batch_tokens", "base": "pretrain.eval.max_batch_tokens",
+              "difficulty": "studies.S2.max_batch_tokens"}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The ``hardware`` block: one GPU model and the throughput wall times are estimated from."""
+
+    name: str
+    memory_gib: float
+    usable_fraction: float
+    bf16_tflops: float
+    train_mfu: float
+    sampling_mfu: float
+
+    @classmethod
+    def of(cls, cfg: Mapping[str, Any]) -> Hardware | None:
+        block = cfg.get("hardware")
+        if not block:
+            return None
+        return cls(str(block["name"]), float(block["memory_gib"]), float(block["usable_fraction"]),
+                   float(block["bf16_tflops"]), float(block["train_mfu"]), float(block["sampling_mfu"]))
+
+    @property
+    def budget(self) -> float:
+        return self.memory_gib * self.usable_fraction * GIB
+
+
+@dataclass
+class JobEstimate:
+    job: str
+    kind: str
+    gpus: int
+    static: dict[str, float]                       # bytes held for the whole job, per device
+    phases: dict[str, float]                       # bytes of each phase, per device; the largest one is the peak
+    hours: float | None = None
+    host: float = 0.0                              # bytes of host memory per node while the models load
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phases.get) if self.phases else "-"
+
+    @property
+    def peak(self) -> float:
+        return sum(self.static.values()) + (max(self.phases.values()) if self.phases else 0.0)
+
+    def advice(self) -> str:
+        """The knob of the largest contributor: its peak phase when that outweighs every static component."""
+        parts = {**self.static, self.peak_phase: self.phases.get(self.peak_phase, 0.0)}
+        return ADVICE[max(parts, key=parts.get)].format(eval_knob=EVAL_KNOBS[self.kind])
+
+
+def _bytes(name: str | None, default: str = "float32") -> int:
+    return DTYPE_BYTES[str(name or default)]
+
+
+def _gpus(cfg: Mapping[str, Any], kind: str) -> int:
+    res = (cfg.get("resources") or {}).get(kind) or {}
+    return int(res.get("processes") or res.get("gpu") or 1) if kind == "train" else int(res.get("gpu") or 1)
+
+
+# -- training jobs -----------------------------------------------------------------------------------------------
+def _frozen(shape: Shape, dtype_bytes: int, shards: int, sharded: bool) -> float:
+    """A frozen model's bytes per device: its shard, plus the root unit and two layers gathered (FSDP2's prefetch)."""
+    if not sharded:
+        return dtype_bytes * params(shape)
+    return dtype_bytes * (params(shape) / shards + root_params(shape) + 2 * layer_params(shape))
+
+
+def _train_static(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape, teachers: Sequence[Shape],
+                  world: int) -> tuple[dict[str, float], int]:
+    """Weights, gradients, optimizer state and teachers per device; and the residual stream's bytes."""
+    t = rc["train"]
+    sharded = str(t.get("distributed", "none")) == "fsdp" and world > 1
+    shards = world if sharded else 1
+    master = _bytes(t.get("param_dtype"))
+    compute = 2 if t.get("precision") == "bf16" else 4
+    gathered = _bytes((t.get("fsdp") or {}).get("param_dtype"), "bfloat16" if compute == 2 else "float32")
+    n = params(student)
+    unit = root_params(student) + 2 * layer_params(student)
+    # FSDP: the master shard, the root unit and two layers gathered, and the full replica the student samples with
+    # in the gathered dtype (opdgrpo.fsdp.sampling_replica; refreshed from the shards before each sampling)
+    static = {"weights": master * n / shards + (gathered * (unit + n) if sharded else 0.0),
+              # DDP keeps its reduction buckets beside the gradients (gradient_as_bucket_view off)
+              "gradients": master * n / shards * (2 if str(t.get("distributed")) == "ddp" and world > 1 else 1)
+              + (gathered * 2 * layer_params(student) if sharded else 0.0),
+              "optimizer": ADAM_STATE_BYTES * n / shards}
+    frozen = [(s, _bytes(t.get("teacher_dtype"))) for s in teachers]
+    if float(rc["method"].get("beta") or 0.0) > 0:   # the frozen reference: the initial student, in the master dtype
+        frozen.append((student, master))
+    if frozen:
+        static["teachers"] = sum(_frozen(s, b, shards, sharded) for s, b in frozen)
+    return static, gathered if sharded else master
+
+
+def _shard_rows(rc: Mapping[str, Any], world: int) -> int:
+    t, method = rc["train"], rc["method"]
+    per_prompt = int(method["group_size"] if method["name"] == "grpo" else method["rollouts_per_prompt"])
+    shards = int(t.get("micro_batches") or world * int(method.get("minibatches", 1)))
+    return max(1, math.ceil(int(t["prompts_per_step"]) * per_prompt / shards))
+
+
+def _train_phases(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape, teachers: Sequence[Shape],
+                  world: int, residual: int) -> dict[str, float]:
+    t = rc["train"]
+    compute = 2 if t.get("precision") == "bf16" else 4
+    block = cost_block(cfg)
+    prompt = max(lengths_for(block, d, int(t["max_new_tokens"])).padded_prompt for d in rc["train_domains"])
+    row = int(prompt + int(t["max_new_tokens"]))
+    rows = _shard_rows(rc, world)
+    tokens = min(rows * row, int(t.get("max_tokens_per_microbatch") or rows * row))
+    attention = str(t.get("attn_implementation", "eager"))
+    chunk = min(chunk_tokens(t), tokens)
+    passes = activation_bytes(student, tokens, row, residual, compute, bool(t.get("activation_checkpointing")),
+                              attention) + logit_chunk_bytes(student, chunk)
+    # one teacher per shard (a shard is one prompt's group, one domain): its final hidden states kept for the
+    # chunked LM head, and one chunk of its logits
+    passes += max((tokens * s.hidden * 2 + logit_chunk_bytes(s, chunk, copies=1) for s in teachers), default=0.0)
+    sampling = kv_cache_bytes(student, rows, row, compute) + 2 * rows * student.vocab * 4
+    ev = t.get("eval") or {}
+    eval_rows = _eval_rows(ev, row)
+    return {"sampling": sampling, "training pass": passes,
+            "evaluation": kv_cache_bytes(student, eval_rows, row, compute) + 2 * eval_rows * student.vocab * 4}
+
+
+def _eval_rows(ev: Mapping[str, Any], row: int) -> int:
+    """Rows per evaluation batch: ``batch_size``, capped by ``max_batch_tokens`` where it is set."""
+    rows = int(ev.get("batch_size") or 64)
+    budget = ev.get("max_batch_tokens")
+    return max(1, min(rows, int(budget) // row)) if budget else rows
+
+
+def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw: Hardware | None) -> JobEstimate:
+    rc = job.config
+    world = _gpus(cfg, "train")
+    student = Shape.of(architecture(cfg, model_of(rc["student"]["from"], jobs)))
+    refs = sorted({spec["from"] for spec in (rc.get("teachers") or {}).values()})   # one model per distinct teacher
+    teachers = [Shape.of(architecture(cfg, model_of(ref, jobs))) for ref in refs]
+    static, residual = _train_static(cfg, rc, student, teachers, world)
+    est = JobEstimate(job.id, "train", world, static, _train_phases(cfg, rc, student, teachers, world, residual))
+    # every process reads each model whole into host memory before it moves or shards it, one model at a time
+    t = rc["train"]
+    est.host = world * max([_bytes(t.get("param_dtype")) * params(student)]
+                           + [_bytes(t.get("teacher_dtype")) * params(s) for s in teachers])
+    if hw:
+        est.hours = _train_hours(cfg, job, jobs, hw, world, bool(rc["train"].get("activation_checkpointing")))
+    return est
+
+
+def _train_hours(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw: Hardware, world: int,
+                 recompute: bool) -> float:
+    """Rollouts at ``sampling_mfu``, the passes and teachers at ``train_mfu``; checkpointing adds one forward
+    (a third of a forward+backward) to the training pass. Evaluation is not counted."""
+    flops = estimate_run(cfg, job, jobs).flops
+    peak = world * hw.bf16_tflops * 1e12
+    train = flops["train"] * (4 / 3 if recompute else 1.0) + flops["old_policy"] + flops["reference"] + flops["teacher"]
+    return (flops["rollout"] / hw.sampling_mfu + train / hw.train_mfu) / peak / 3600
+
+
+# -- sampling-only jobs: base-model evaluation and S2's solve rates ------------------------------------------------
+def _sampling_estimate(cfg: Mapping[str, Any], job_id: str, kind: str, models: Sequence[tuple[str, int]],
+                       rows: int, row: int, tokens: float, hw: Hardware | None) -> JobEstimate:
+    """One GPU; each model sampled in turn (the largest sets the peak), ``rows`` rows of ``row`` positions a batch."""
+    shapes = [(Shape.of(architecture(cfg, name)), b) for name, b in models]
+    biggest, dtype_bytes = max(shapes, key=lambda sb: params(sb[0]) * sb[1])
+    est = JobEstimate(job_id, kind, 1, {"weights": dtype_bytes * params(biggest)},
+                      {"evaluation": max(kv_cache_bytes(s, rows, row, 2) + 2 * rows * s.vocab * 4 for s, _ in shapes)},
+                      host=dtype_bytes * params(biggest))
+    if hw:
+        flops = sum(2 * params(s) * tokens for s, _ in shapes)
+        est.hours = flops / (hw.bf16_tflops * 1e12 * hw.sampling_mfu) / 3600
+    return est
+
+
+def base_estimate(cfg: Mapping[str, Any], job: Any, hw: Hardware | None) -> JobEstimate:
+    ev = job.config["pretrain"].get("eval") or {}
+    prompt = cost_block(cfg)["padded_prompt_tokens"] or 0
+    row = int(prompt + int(ev.get("max_new_tokens") or cfg["train"]["max_new_tokens"]))
+    block = job.config["model"]
+    tokens = _heldout_rows(cfg, ev) * int(ev.get("k") or 1) * row
+    return _sampling_estimate(cfg, job.id, "base", [(job.config["name"], _bytes(block.get("dtype")))],
+                              _eval_rows(ev, row), row, tokens, hw)
+
+
+def difficulty_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw: Hardware | None) -> JobEstimate:
+    rc, rule = job.config, job.config["rule"]
+    names = [jobs[u].config["name"] for u in job.upstream if jobs[u].kind == "base"]
+    models = [(n, _bytes(rc[role].get("dtype"))) for n, role in zip(names, ("student", "teacher"))]
+    prompt = cost_block(cfg)["padded_prompt_tokens"] or 0
+    row = int(prompt + int(rc["max_new_tokens"]))
+    tokens = int(rule.get("pool_size") or 0) * int(rule["k"]) * row
+    return _sampling_estimate(cfg, job.id, "difficulty", models, _eval_rows(rule, row), row, tokens, hw)
+
+
+def _heldout_rows(cfg: Mapping[str, Any], ev: Mapping[str, Any]) -> int:
+    """Prompts a base evaluation scores: ``max_prompts`` per held-out set, where the config bounds it."""
+    sets = sum(len(d.get("heldout") or {}) for d in cfg["domains"].values())
+    return sets * int(ev.get("max_prompts") or 0)
+
+
+# -- the plan ------------------------------------------------------------------------------------------------------
+def estimate_jobs(cfg: Mapping[str, Any], plan: Any) -> list[JobEstimate]:
+    """Every GPU job of the plan (tokenizer and report jobs run on CPUs and are left out)."""
+    hw = Hardware.of(cfg)
+    out = []
+    for job in plan.jobs.values():
+        if job.kind == "train":
+            out.append(train_estimate(cfg, job, plan.jobs, hw))
+        elif job.kind == "base" and job.config["model"].get("source") == "hub":
+            out.append(base_estimate(cfg, job, hw))
+        elif job.kind == "difficulty":
+            out.append(difficulty_estimate(cfg, job, plan.jobs, hw))
+    return out
+
+
+def _host_limit(cfg: Mapping[str, Any], kind: str) -> float | None:
+    mem_mb = ((cfg.get("resources") or {}).get(kind) or {}).get("mem_mb")
+    return float(mem_mb) * 2**20 if mem_mb else None
+
+
+def unfit(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[str]:
+    """One message per job whose peak exceeds the usable memory of ``hardware``, or whose models read into host
+    memory exceed what the job asks SLURM for (``resources.<kind>.mem_mb``); none without ``hardware``."""
+    hw = Hardware.of(cfg)
+    if hw is None:
+        return []
+    out = [f"job `{e.job}`: {e.peak / GIB:.1f} GiB per GPU ({e.peak_phase} peaks) > {hw.budget / GIB:.1f} GiB usable "
+           f"on {hw.name}; change: {e.advice()}" for e in estimates if e.peak > hw.budget]
+    for e in estimates:
+        limit = _host_limit(cfg, e.kind)
+        if limit is not None and e.host > limit:
+            out.append(f"job `{e.job}`: {e.host / GIB:.0f} GiB of host memory while its models load (each of "
+                       f"{e.gpus} processes reads one whole) > resources.{e.kind}.mem_mb ({limit / GIB:.0f} GiB); "
+                       f"change: a higher resources.{e.kind}.mem_mb")
+    return out
+
+
+def refuse_unfit(cfg: Mapping[str, Any], plan: Any) -> None:
+    """Raise :class:`ConfigError` naming every job that would not fit (what the Snakefile calls before scheduling)."""
+    problems = unfit(cfg, estimate_jobs(cfg, plan))
+    if problems:
+        raise ConfigError("jobs that would run out of GPU memory (`opdgrpo resources --profile "
+                          f"{cfg.get('profile')}` shows every estimate; usable = hardware.memory_gib x "
+                          "hardware.usable_fraction):\n  " + "\n  ".join(problems))
+
+
+def table(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
+    hw = Hardware.of(cfg)
+    comps = ["weights", "gradients", "optimizer", "teachers"]
+    head = ("| job | GPUs | " + " | ".join(comps) + " | peak phase (GiB) | peak GiB / GPU | fits | host GiB / node | hours "
+            "| GPU-hours |\n|---|---|" + "---|" * (len(comps) + 7))
+    lines = [head]
+    for e in estimates:
+        cells = [f"{e.static.get(c, 0.0) / GIB:.1f}" for c in comps]
+        fits = "-" if hw is None else ("yes" if e.peak <= hw.budget else "**no**")
+        hours = "-" if e.hours is None else f"{e.hours:.1f}"
+        gpu_hours = "-" if e.hours is None else f"{e.hours * e.gpus:.0f}"
+        lines.append(f"| {e.job} | {e.gpus} | " + " | ".join(cells) + f" | {e.peak_phase} "
+                     f"({e.phases.get(e.peak_phase, 0.0) / GIB:.1f}) | {e.peak / GIB:.1f} | {fits} | {e.host / GIB:.0f} | {hours} "
+                     f"| {gpu_hours} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .config import compose
+    from .plan import build_plan
+
+    parser = argparse.ArgumentParser(prog="opdgrpo resources",
+                                     description="Per job: estimated peak GPU memory per device and wall time.")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. train.max_tokens_per_microbatch=32768")
+    parser.add_argument("--profile", help="the profile (same as the override profile=P)")
+    parser.add_argument("--conf-dir", default=None)
+    args = parser.parse_intermixed_args(argv)
+    try:
+        cfg = compose(([f"profile={args.profile}"] if args.profile else []) + list(args.overrides), args.conf_dir)
+        estimates = estimate_jobs(cfg, build_plan(cfg))
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(summary(cfg, estimates))
+    problems = unfit(cfg, estimates)
+    for p in problems:
+        print(f"error: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def summary(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
+    hw = Hardware.of(cfg)
+    if hw is None:
+        where = "no `hardware` block in this profile: memory is estimated, not checked, and no wall time is given"
+    else:
+        where = (f"{hw.name}: {hw.memory_gib:g} GiB x {hw.usable_fraction:g} usable; wall time at "
+                 f"{hw.bf16_tflops:g} TFLOP/s x MFU {hw.train_mfu:g} (training passes, teachers) and "
+                 f"{hw.sampling_mfu:g} (sampling); evaluation time not counted in training jobs")
+    total = sum((e.hours or 0.0) * e.gpus for e in estimates)
+    return (f"# Estimated peak GPU memory per device and wall time: profile `{cfg.get('profile')}`, "
+            f"{len(estimates)} GPU jobs\n\n{where}\n\n{table(cfg, estimates)}\n\n"
+            + (f"Total: {total:,.0f} GPU-hours ({total / 8:,.0f} hours of one 8-GPU node)\n" if hw else ""))
