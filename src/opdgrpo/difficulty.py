@@ -29,6 +29,7 @@ import torch
 
 from . import numerics
 from .domains import Domain, Task, build_domain
+from .engines import checkpoint_engine
 from .evaluation import batch_bounds
 from .models import autocast, load_model
 from .progress import Progress
@@ -42,11 +43,12 @@ from .tokenizer import load_tokenizer
 def solve_rates(model, tokenizer, domain: Domain, tasks: Sequence[Task], *, k: int, temperature: float,
                 max_new_tokens: int, batch_size: int, seed: int, fmt: PromptFormat = PromptFormat(),
                 top_p: float = 1.0, top_k: int = 0, progress: Progress | None = None,
-                max_batch_tokens: int | None = None) -> tuple[list[float], float]:
+                max_batch_tokens: int | None = None, engine=None) -> tuple[list[float], float]:
     """Per task, the share of ``k`` sampled completions the verifier rewards; plus the sampling FLOPs.
     ``progress``: a line in the job's log per batch sampled. ``max_batch_tokens`` (``studies.S2.max_batch_tokens``):
     each batch's KV-cache budget, as in evaluation (:func:`opdgrpo.evaluation.batch_bounds`); the sampled answers
-    depend on the batching (one generator draws for every batch), their distribution does not."""
+    depend on the batching (one generator draws for every batch), their distribution does not. ``engine``: what
+    samples (:mod:`opdgrpo.engines`, holding ``model``'s weights); None: the project's sampler on ``model``."""
     model.eval()
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     repeated = [t for t in tasks for _ in range(k)]
@@ -59,7 +61,7 @@ def solve_rates(model, tokenizer, domain: Domain, tasks: Sequence[Task], *, k: i
         t0 = time.time()
         chunk = sample_and_score(model, tokenizer, {domain.name: domain}, repeated[start:end],
                                  max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
-                                 fmt=fmt, top_p=top_p, top_k=top_k)
+                                 fmt=fmt, top_p=top_p, top_k=top_k, engine=engine)
         rewards.append(chunk.rewards)
         flops += chunk.rollouts.flops
         if progress:
@@ -92,8 +94,9 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         fmt = PromptFormat.from_config({**prompt_format, **({"enable_thinking": sampling["enable_thinking"]}
                                                            if "enable_thinking" in sampling else {})})
         dtype = getattr(torch, str(cfg[role].get("dtype") or "float32"))
+        engine_on = cfg.get("engine") == "vllm"   # then the engine samples; the model gives the config, on the CPU
         model = load_model(cfg[role]["path"], dtype=dtype, trainable=False,
-                           attn_implementation=str(cfg[role].get("attn_implementation") or "eager")).to(device)
+                           attn_implementation=str(cfg[role].get("attn_implementation") or "eager")).to("cpu" if engine_on else device)
         batches = -(-len(tasks) * int(rule["k"]) // int(rule["batch_size"]))
         with autocast(str(rule.get("precision", "fp32")), device.type):
             rates[role], flops[role] = solve_rates(
@@ -102,7 +105,8 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
                 top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)), fmt=fmt,
                 max_new_tokens=int(sampling.get("max_new_tokens", cfg["max_new_tokens"])),
                 batch_size=int(rule["batch_size"]), seed=int(cfg["seed"]), max_batch_tokens=rule.get("max_batch_tokens"),
-                progress=Progress(f"difficulty-{domain_name} {role}", batches))
+                progress=Progress(f"difficulty-{domain_name} {role}", batches),
+                engine=checkpoint_engine(cfg, cfg[role]["path"], model))
         del model
     bins = bin_by_rates([t.prompt for t in tasks], rates["student"], rates["teacher"],
                         int(rule["student_bins"]), int(rule["teacher_bins"]))

@@ -69,11 +69,12 @@ def evaluate(model, tokenizer, domains: Mapping[str, Domain], heldout: Mapping[s
              k: int, temperature: float, max_new_tokens: int, batch_size: int, seed: int,
              fmt: PromptFormat = PromptFormat(), top_p: float = 1.0, top_k: int = 0, workers=None,
              max_batch_tokens: int | None = None, budget_key: str = "train.eval.max_batch_tokens",
-             ) -> tuple[list[dict[str, Any]], float]:
+             engine=None) -> tuple[list[dict[str, Any]], float]:
     """Per held-out set: accuracy (avg@k), pass@k where k > 1, mean response length in tokens, and what the domain
     reports beyond accuracy (IFEval's constraint rates); plus the FLOPs spent. A domain may ask for its own k per
     set (``eval_k``, e.g. 16 samples for AIME). ``max_batch_tokens``: the KV-cache budget of a sampling batch
-    (``budget_key`` names its config key in messages); None: ``batch_size`` rows per batch."""
+    (``budget_key`` names its config key in messages); None: ``batch_size`` rows per batch. ``engine`` samples
+    (:mod:`opdgrpo.engines`; it holds ``model``'s weights); None: the project's own sampler on ``model``."""
     from .metrics import summarise
 
     was_training = model.training
@@ -86,7 +87,7 @@ def evaluate(model, tokenizer, domains: Mapping[str, Domain], heldout: Mapping[s
             rewards, lengths, texts, set_flops = _sample_all(
                 model, tokenizer, domains, repeated, batch_size=batch_size, seed=seed, workers=workers,
                 max_batch_tokens=max_batch_tokens, budget_key=budget_key,
-                max_new_tokens=max_new_tokens, temperature=temperature, fmt=fmt, top_p=top_p, top_k=top_k)
+                max_new_tokens=max_new_tokens, temperature=temperature, fmt=fmt, top_p=top_p, top_k=top_k, engine=engine)
             flops += set_flops
             result = {
                 "eval_domain": domain,

@@ -115,6 +115,16 @@ def check_tokenizers(cfg: dict[str, Any]) -> None:
                              "rebuild the model with this tokenizer")
 
 
+def check_engine_installed(engine: str | None) -> None:
+    """``train.engine: vllm`` without vLLM installed fails before any compute, naming the install command."""
+    import importlib.util
+
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        from .engines.vllm_engine import INSTALL_HINT
+
+        raise ImportError(INSTALL_HINT)
+
+
 def check_run_inputs(cfg: dict[str, Any]) -> None:
     """Everything a training job can check before it loads a model; raises ValueError naming the key or file."""
     for key in ("run_id", "seed", "threads", "method", "train", "train_domains", "eval_domains", "domains", "tokenizer", "student"):
@@ -125,6 +135,7 @@ def check_run_inputs(cfg: dict[str, Any]) -> None:
     schema.validate(method, "method", where="method", fix=fix)
     schema.validate(cfg["train"], "train", where="train", fix=fix)
     tracking.check_installed(cfg["train"].get("report_to"))
+    check_engine_installed(cfg["train"].get("engine"))
     for key in ("train_domains", "eval_domains"):
         unknown = [d for d in cfg[key] if d not in cfg["domains"]]
         if unknown or not cfg[key]:

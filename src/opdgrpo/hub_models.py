@@ -70,6 +70,7 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """The base job of a ``source: hub`` model: resolve, link, evaluate held-out accuracy (not counted)."""
     from . import numerics
     from .domains import build_domain
+    from .engines import checkpoint_engine
     from .evaluation import evaluate, heldout_for
     from .models import autocast, load_model, parameter_count
     from .rollout import PromptFormat
@@ -83,7 +84,8 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     write_yaml(out_dir / "config.yaml", cfg)
     checkpoint = link_checkpoint(target, out_dir)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # under engine vllm the engine samples and the model stays on the CPU (it gives the config and the count)
+    device = torch.device("cuda" if torch.cuda.is_available() and cfg.get("engine") != "vllm" else "cpu")
     dtype = getattr(torch, str(model_cfg.get("dtype") or "float32"))
     model = load_model(checkpoint, dtype=dtype, trainable=False,
                        attn_implementation=str(model_cfg.get("attn_implementation") or "eager")).to(device)
@@ -103,7 +105,8 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
                                            max_new_tokens=int(sampling.get("max_new_tokens", ev.get("max_new_tokens", 48))),
                                            batch_size=int(ev.get("batch_size", 64)), seed=int(cfg["seed"]), fmt=fmt,
                                            max_batch_tokens=ev.get("max_batch_tokens"),
-                                           budget_key="pretrain.eval.max_batch_tokens")
+                                           budget_key="pretrain.eval.max_batch_tokens",
+                                           engine=checkpoint_engine(cfg, checkpoint, model))
     rewrite_jsonl(out_dir / "evals.jsonl", [{"step": 0, "cumulative_flops": 0.0, "eval_flops": eval_flops, "results": results}])
     summary = {"model": name, "source": "hub", "path": str(model_cfg["path"]), "revision": model_cfg.get("revision"),
                "resolved": str(target), "parameters": parameter_count(model), "steps": 0, "counted": False,

@@ -175,6 +175,7 @@ def grpo_loss(
     ref_logprobs: Tensor | None = None,
     beta: float = 0.0,
     normalizer: float | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO-clipped GRPO surrogate, to be minimised.
 
@@ -197,6 +198,7 @@ def grpo_loss(
         advantages: ``(B,)`` one advantage per sequence (see :func:`group_advantages`), broadcast over its tokens.
         mask: ``(B, T)`` valid response tokens.
         aggregation: ``"token-mean"`` or ``"sequence-mean"`` (see the module docstring).
+        weights: ``(B, T)`` constants on each token's policy-gradient term (not the KL): ``method.engine_is_cap``.
 
     Returns:
         ``(loss, metrics)``; metrics over valid tokens: ``clip_frac`` (tokens where clipping binds, i.e. gets zero
@@ -222,7 +224,7 @@ def grpo_loss(
     adv = advantages.detach().to(dtype).unsqueeze(-1)
     ratio = torch.exp(logp - old_logprobs.detach().to(dtype))
     clipped_ratio = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    per_token = -torch.minimum(ratio * adv, clipped_ratio * adv)
+    per_token = -torch.minimum(ratio * adv, clipped_ratio * adv) * (1.0 if weights is None else weights.detach().to(dtype))
 
     metrics: dict[str, float] = {}
     if ref_logprobs is not None:
@@ -322,9 +324,12 @@ def topk_reverse_kl_from_topk(
     mask: Tensor,
     aggregation: str = "token-mean",
     normalizer: float | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """:func:`topk_reverse_kl` from the gathered values (:func:`student_topk`'s, and the teacher's logits at the
-    student's top-k ids, any float dtype), so neither model's full-vocabulary logits need to exist at once."""
+    student's top-k ids, any float dtype), so neither model's full-vocabulary logits need to exist at once.
+    ``weights``: ``(B, T)`` constants multiplying each token's KL (the sampling engine's truncated importance weights,
+    ``method.engine_is_cap``); None: 1."""
     _check_aggregation(aggregation)
     _check_mask(mask, s_top.shape[:2], "s_top[:2]")
     dtype = s_top.dtype
@@ -334,7 +339,8 @@ def topk_reverse_kl_from_topk(
     per_token = (log_ps.exp() * (log_ps - log_pt)).sum(dim=-1)  # (B, T)
 
     m = mask.to(dtype)
-    loss = _aggregate(per_token, m, aggregation, normalizer)
+    weighted = per_token if weights is None else per_token * weights.detach().to(dtype)
+    loss = _aggregate(weighted, m, aggregation, normalizer)
 
     with torch.no_grad():
         topk_mass = torch.exp(torch.logsumexp(s_top, dim=-1) - student_lse)

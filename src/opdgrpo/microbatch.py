@@ -83,14 +83,19 @@ def _build(shards: list[Shard], rows: list[Row], prompt_lens: list[int], respons
     seqs = torch.full((len(rows), width_p + width_r), pad_id, dtype=shards[0].sequences.dtype, device=device)
     attn = torch.zeros_like(seqs, dtype=shards[0].attention_mask.dtype)
     mask = torch.zeros((len(rows), width_r), dtype=shards[0].mask.dtype, device=device)
+    # the sampling engine's log-probs (train.engine vllm), moved with their tokens
+    engine = None if shards[0].scored.rollouts.logprobs is None else torch.zeros((len(rows), width_r), device=device)
     for i, ((s, r), p, n) in enumerate(zip(rows, prompt_lens, response_lens)):
         src, start = shards[s].sequences[r], shards[s].scored.rollouts.prompt_len
         seqs[i, width_p - p: width_p + n] = src[start - p: start + n]
         attn[i, width_p - p: width_p + n] = 1
         mask[i, :n] = True
+        if engine is not None:
+            engine[i, :n] = shards[s].scored.rollouts.logprobs[r, :n]
     olds = [shards[s] for s, _ in rows]
     rollouts = Rollouts(seqs, attn, mask, width_p, [o.scored.rollouts.completions[r] for o, (_, r) in zip(olds, rows)],
-                        torch.stack([o.scored.rollouts.finished[r] for o, (_, r) in zip(olds, rows)]), 0.0, 0)
+                        torch.stack([o.scored.rollouts.finished[r] for o, (_, r) in zip(olds, rows)]), 0.0, 0,
+                        logprobs=engine)
     rewards = torch.stack([o.scored.rewards[r] for o, (_, r) in zip(olds, rows)])
     tasks = [o.tasks[r] for o, (_, r) in zip(olds, rows)]
     scored = ScoredRollouts(tasks, rollouts, [o.scored.texts[r] for o, (_, r) in zip(olds, rows)], rewards)

@@ -120,6 +120,7 @@ class GRPOObjective:
         self.clip_eps, self.clip_eps_high = float(method["clip_eps"]), method.get("clip_eps_high")
         self.beta = float(method.get("beta") or 0.0)
         self.temperature = float(temperature)
+        self.engine_is_cap = method.get("engine_is_cap")
 
     def logprobs(self, logits: torch.Tensor, shard: Shard) -> torch.Tensor:
         return token_logprobs(logits, shard.targets, temperature=self.temperature)
@@ -149,9 +150,12 @@ class GRPOObjective:
         old = logprobs.detach() if shard.old_logprobs is None else shard.old_logprobs
         if self.beta > 0 and shard.ref_logprobs is None:
             raise ValueError("GRPO with beta > 0: the trainer computed no reference log-probs for this shard")
-        return grpo_loss(logprobs, old, advantages, shard.mask, clip_eps=self.clip_eps,
-                         clip_eps_high=self.clip_eps_high, aggregation=self.aggregation, normalizer=normalizer,
-                         ref_logprobs=shard.ref_logprobs if self.beta > 0 else None, beta=self.beta)
+        weights, engine_metrics = engine_correction(old, shard, self.engine_is_cap)
+        loss, metrics = grpo_loss(logprobs, old, advantages, shard.mask, clip_eps=self.clip_eps,
+                                  clip_eps_high=self.clip_eps_high, aggregation=self.aggregation, normalizer=normalizer,
+                                  ref_logprobs=shard.ref_logprobs if self.beta > 0 else None, beta=self.beta,
+                                  weights=weights)
+        return loss, {**metrics, **engine_metrics}
 
 
 class OPDObjective:
@@ -168,7 +172,9 @@ class OPDObjective:
     name, scores_with_teachers = "opd", True
 
     def __init__(self, method: dict[str, Any], teachers: dict[str, torch.nn.Module], precision: str,
-                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
+                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS, temperature: float = 1.0):
+        self.temperature = float(temperature)   # the rollouts': the engine comparison's log-probs only
+        self.engine_is_cap = method.get("engine_is_cap")
         self.rollouts_per_prompt = int(method["rollouts_per_prompt"])
         self.aggregation = str(method["aggregation"])
         self.top_k = int(method["top_k"])
@@ -187,9 +193,19 @@ class OPDObjective:
         return None
 
     def student_reduce(self, shard: Shard, check: Check) -> tuple[Reduce, tuple[torch.Tensor, ...]]:
-        def reduce(logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            return student_topk(check(logits, "student_logits"), self.top_k)
-        return reduce, ()
+        """:func:`student_topk`'s values; with an engine's log-probs on the shard, also the sampled tokens'
+        log-probs at the rollouts' temperature, detached (for :func:`engine_correction`)."""
+        if shard.scored.rollouts.logprobs is None:
+            def reduce(logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                return student_topk(check(logits, "student_logits"), self.top_k)
+            return reduce, ()
+
+        def reduce_with_tokens(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            logits = check(logits, "student_logits")
+            with torch.no_grad():
+                sampled = token_logprobs(logits, targets, temperature=self.temperature)
+            return (*student_topk(logits, self.top_k), sampled)
+        return reduce_with_tokens, (shard.targets,)
 
     def teacher_topk(self, top_ids: torch.Tensor, vocab: int, shard: Shard, check: Check,
                      flops: dict[str, float]) -> torch.Tensor:
@@ -227,14 +243,43 @@ class OPDObjective:
 
     def loss(self, logits: torch.Tensor, shard: Shard, normalizer: float | None, check: Check,
              flops: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
-        return self.loss_from(student_topk(logits, self.top_k), shard, normalizer, check, flops, logits.shape[-1])
+        reduce, extras = self.student_reduce(shard, lambda tensor, *_: tensor)   # the trainer checked these logits
+        return self.loss_from(reduce(logits, *extras), shard, normalizer, check, flops, logits.shape[-1])
 
     def loss_from(self, reduced: tuple[torch.Tensor, ...], shard: Shard, normalizer: float | None, check: Check,
                   flops: dict[str, float], vocab: int) -> tuple[torch.Tensor, dict[str, float]]:
         """``vocab``: the student's logits' last dimension (a teacher's further padded entries are never read)."""
-        s_top, top_ids, lse = reduced
+        s_top, top_ids, lse, *sampled = reduced
         teacher = self.teacher_topk(top_ids, vocab, shard, check, flops)
-        return topk_reverse_kl_from_topk(s_top, teacher, lse, shard.mask, self.aggregation, normalizer)
+        weights, engine_metrics = engine_correction(sampled[0], shard, self.engine_is_cap) if sampled else (None, {})
+        loss, metrics = topk_reverse_kl_from_topk(s_top, teacher, lse, shard.mask, self.aggregation, normalizer,
+                                                  weights=weights)
+        return loss, {**metrics, **engine_metrics}
+
+
+def engine_correction(trainer: torch.Tensor, shard: Shard, cap: float | None) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The sampling engine against the trainer, where the engine reported log-probs (``train.engine: vllm``).
+
+    ``trainer``: ``(B, T)`` the trainer's log-probs of the sampled tokens under the sampling policy (at the rollouts'
+    temperature), detached. Metrics over the valid tokens: ``engine_logprob_diff_mean`` and ``_max``,
+    ``|logp_engine - logp_trainer|`` (kernels and precision differ between the two; a large value means the
+    rollouts are off-policy). With ``cap`` (``method.engine_is_cap``), the truncated importance weights
+    ``min(exp(logp_trainer - logp_engine), cap)`` that correct for it (verl's TIS, TRL's vLLM IS correction), and
+    their mean as ``engine_is_weight_mean``; without, None (no correction, the default)."""
+    engine = shard.scored.rollouts.logprobs
+    if engine is None:
+        return None, {}
+    trainer = trainer.detach().float()
+    engine = engine.to(trainer.device)
+    mask = shard.mask.to(trainer.device)
+    diff = (trainer - engine).abs()[mask]
+    metrics = {"engine_logprob_diff_mean": float(diff.mean()) if diff.numel() else 0.0,
+               "engine_logprob_diff_max": float(diff.max()) if diff.numel() else 0.0}
+    if cap is None:
+        return None, metrics
+    weights = torch.exp(trainer - engine).clamp(max=float(cap)) * mask
+    metrics["engine_is_weight_mean"] = float(weights[mask].mean()) if bool(mask.any()) else 1.0
+    return weights, metrics
 
 
 def _first_logit(logits: torch.Tensor) -> tuple[torch.Tensor]:
@@ -247,4 +292,4 @@ def build_objective(method: dict[str, Any], teachers: dict[str, torch.nn.Module]
     ``chunk_tokens`` (``train.logit_chunk_tokens``) the positions whose teacher logits exist at once."""
     if method["name"] == "grpo":
         return GRPOObjective(method, temperature)
-    return OPDObjective(method, teachers, precision, chunk_tokens)
+    return OPDObjective(method, teachers, precision, chunk_tokens, temperature)

@@ -78,6 +78,12 @@ class Planner:
         own = self.cfg["models"][model].get("tokenizer") if model is not None else None
         return dict(own) if own else dict(self.cfg["tokenizer"])
 
+    def engine(self) -> dict[str, Any]:
+        """``train.engine`` and ``train.vllm`` for the jobs that sample outside a training run (base evaluation, S2's
+        difficulty job); nothing under ``hf`` (the default), so those jobs' configs, and their reruns, stay as they were."""
+        engine = self.cfg["train"].get("engine") or "hf"
+        return {} if engine == "hf" else {"engine": engine, "vllm": dict(self.cfg["train"].get("vllm") or {})}
+
     def prompt_format(self, model: str) -> dict[str, Any]:
         """The prompt format runs of ``model`` use: ``train``'s keys, replaced by the model's ``prompt_format``."""
         fmt = {k: self.cfg["train"][k] for k in ("chat_template", "enable_thinking", "stop_tokens") if k in self.cfg["train"]}
@@ -102,6 +108,7 @@ class Planner:
                 "tokenizer": tok.out_dir,
                 "seed": 0,
                 "threads": self.cfg["threads"],
+                **self.engine(),
             }
             self.jobs[job_id] = Job(job_id, "base", f"{self.root}/base/{model}", cfg, [tok.id], label=model)
         return self.jobs[job_id]
@@ -192,7 +199,8 @@ class Planner:
             cfg = {"domain": d, "domains": {d: self.cfg["domains"][d]}, "rule": rule, "tokenizer": tokenizer.out_dir,
                    "student": self._sampler(st, student), "teacher": self._sampler(t, teacher),
                    "prompt_format": self.prompt_format(st),
-                   "max_new_tokens": self.cfg["train"]["max_new_tokens"], "seed": 0, "threads": self.cfg["threads"]}
+                   "max_new_tokens": self.cfg["train"]["max_new_tokens"], "seed": 0, "threads": self.cfg["threads"],
+                   **self.engine()}
             self.jobs[job_id] = Job(job_id, "difficulty", f"{self.root}/difficulty/{job_id}", cfg,
                                     [tokenizer.id, student.id, teacher.id], label=job_id)
         return self.jobs[job_id]

@@ -20,6 +20,7 @@ import torch
 from . import flops as flop_formulas
 from . import numerics
 from .domains import build_domain
+from .engines import checkpoint_engine
 from .evaluation import evaluate, heldout_for
 from .models import autocast, build_model, parameter_count
 from .peak import matmul_dtype, matmul_peak
@@ -114,15 +115,16 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
                                        "achieved_flops_per_s": step_flops / wall})
     eval_cfg = pre["eval"]
     heldout = heldout_for(domains, sorted(domains), eval_cfg.get("max_prompts"))
+    model.save_pretrained(out_dir / "checkpoint")   # before the evaluation: a vLLM engine samples from it
+    tokenizer.save_pretrained(out_dir / "checkpoint")
     with autocast(pre.get("precision", "fp32")):
         results, eval_flops = evaluate(model, tokenizer, domains, heldout, k=int(eval_cfg["k"]),
                                        temperature=float(eval_cfg["temperature"]), max_new_tokens=48,
                                        batch_size=int(eval_cfg.get("batch_size", 512)), seed=int(cfg["seed"]),
                                        max_batch_tokens=eval_cfg.get("max_batch_tokens"),
-                                       budget_key="pretrain.eval.max_batch_tokens")
+                                       budget_key="pretrain.eval.max_batch_tokens",
+                                       engine=checkpoint_engine(cfg, out_dir / "checkpoint", model))
     rewrite_jsonl(out_dir / "evals.jsonl", [{"step": steps, "cumulative_flops": 0.0, "eval_flops": eval_flops, "results": results}])
-    model.save_pretrained(out_dir / "checkpoint")
-    tokenizer.save_pretrained(out_dir / "checkpoint")
     summary = {
         "model": cfg["name"], "thinking_fraction": thinking, "steps": steps, "parameters": parameter_count(model),
         "pretrain_flops": total_flops, "counted": False, "final_loss": loss.item(), "heldout": results,

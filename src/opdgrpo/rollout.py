@@ -8,7 +8,8 @@ from typing import Mapping, Sequence
 import torch
 
 from .domains import Domain, Task
-from .sampling import Rollouts, sample
+from .engines import HFEngine
+from .sampling import Rollouts
 
 
 @dataclass
@@ -82,9 +83,11 @@ def score(domains: Mapping[str, Domain], tasks: Sequence[Task], texts: Sequence[
 
 def sample_and_score(model, tokenizer, domains: Mapping[str, Domain], tasks: Sequence[Task], *, max_new_tokens: int,
                      temperature: float, generator: torch.Generator, with_rewards: bool = True,
-                     fmt: PromptFormat = PromptFormat(), top_p: float = 1.0, top_k: int = 0) -> ScoredRollouts:
-    rollouts = sample(
-        model,
+                     fmt: PromptFormat = PromptFormat(), top_p: float = 1.0, top_k: int = 0,
+                     engine=None) -> ScoredRollouts:
+    """Sample completions of ``tasks`` and score them. ``engine`` (:mod:`opdgrpo.engines`) samples; None: the
+    project's own sampler on ``model`` (the ``hf`` engine)."""
+    rollouts = (engine or HFEngine(model)).sample(
         encode_prompts(tokenizer, tasks, fmt),
         max_new_tokens=max_new_tokens,
         eos_token_id=fmt.stop_ids(tokenizer),

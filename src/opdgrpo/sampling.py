@@ -41,6 +41,14 @@ class Rollouts:
     finished: torch.BoolTensor  # (B,): the row ended with EOS
     flops: float  # FLOPs computed: prefill + every decode step (padding included)
     tokens_computed: int  # token positions pushed through the model (padding included)
+    # (B, T): the sampling engine's own log-prob of each generated token (0 elsewhere), where the engine reports them
+    # (vLLM: opdgrpo.engines); None from this module's sampler, whose log-probs the trainer recomputes anyway
+    logprobs: torch.Tensor | None = None
+
+    def to(self, device: torch.device) -> "Rollouts":
+        """The same rollouts with their tensors on ``device`` (an engine that samples elsewhere: vLLM)."""
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()}
+        return Rollouts(**moved)
 
 
 def _choose(

@@ -138,6 +138,7 @@ class Run:
     progress: Progress | None = None   # lines in the job's log (main process)
     tracker: Tracker | None = None     # train.report_to (main process)
     reference: FrozenForward | None = None   # GRPO's frozen reference model (beta > 0), else None
+    engine: Any = None                 # train.engine vllm: the colocated engine (opdgrpo.engines); None: hf
 
     @property
     def main(self) -> bool:
@@ -172,6 +173,7 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             finally:
                 if run.tracker:
                     run.tracker.close()
+                _close_engine(run)
     finally:
         workers.close()
 
@@ -256,12 +258,15 @@ def _sample(run: Run, step: int, stats: StepStats, guard: Guard) -> list[Shard]:
     per_prompt, device, shards = run.objective.rollouts_per_prompt, run.workers.device, []
     with run.workers.full_params(run.model) as policy:
         policy.eval()
+        if run.engine:   # the weights after ``step`` updates, into the engine in memory (once per version)
+            run.engine.sync(policy, version=step)
         for s in run.settings["mine"]:
             tasks = [t for t in prompts[bounds[s][0]:bounds[s][1]] for _ in range(per_prompt)]
             generator = torch.Generator(device=device).manual_seed(rollout_seed(int(run.cfg["seed"]), step, s))
             with autocast(run.settings["precision"], device.type):
                 scored = sample_and_score(policy, run.tokenizer, run.domains, tasks, max_new_tokens=int(shared["max_new_tokens"]),
-                                          temperature=float(shared["temperature"]), generator=generator, fmt=run.fmt)
+                                          temperature=float(shared["temperature"]), generator=generator, fmt=run.fmt,
+                                          engine=run.engine)
             stats.flops["rollout"] += scored.rollouts.flops
             scored.rewards = guard.check(scored.rewards, "rewards")
             shards.append(Shard(tasks, scored))
@@ -442,11 +447,14 @@ def _evaluate(run: Run, step: int) -> dict[str, Any]:
     shared, ev = run.cfg["train"], run.cfg["train"]["eval"]
     t0 = time.time()
     with run.workers.full_params(run.model) as policy, autocast(run.settings["precision"], run.workers.device.type):
+        if run.engine:
+            run.engine.sync(policy, version=step)
         results, eval_flops = evaluate(policy, run.tokenizer, run.domains, run.heldout, k=int(ev["k"]),
                                        temperature=float(ev["temperature"]), max_new_tokens=int(shared["max_new_tokens"]),
                                        batch_size=int(ev["batch_size"]), seed=eval_seed(int(run.cfg["seed"]), step),
                                        fmt=run.fmt, top_p=float(ev.get("top_p", 1.0)), top_k=int(ev.get("top_k", 0)),
-                                       workers=run.workers, max_batch_tokens=ev.get("max_batch_tokens"))
+                                       workers=run.workers, max_batch_tokens=ev.get("max_batch_tokens"),
+                                       engine=run.engine)
     faults.kill_point("eval", step)
     record = {"step": step, "cumulative_flops": run.cumulative, "eval_flops": eval_flops, "results": results}
     if run.main:
@@ -569,11 +577,35 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
               reference=_reference(cfg, workers.device, attention, param_dtype))
     if state:
         _resume(run, state)
+    run.engine = _engine(run)
     if run.main:
         write_yaml(run_dir / "config.yaml", cfg)
         run.progress = Progress(cfg["run_id"], settings["steps"], run.start)
         run.tracker = Tracker(shared.get("report_to"), run_dir, cfg["run_id"], cfg, run.start)
     return run
+
+
+def _engine(run: Run):
+    """``train.engine``: None for ``hf`` (the sampler runs on the policy itself); for ``vllm`` an engine in this
+    process, started from the policy as it is now (the initial student, or the checkpoint resumed), saved to the
+    run directory's ``.engine/`` scratch folder, which :func:`_close_engine` removes when the job ends."""
+    name = str(run.cfg["train"].get("engine", "hf"))
+    if name == "hf":
+        return None
+    from .engines import build_engine
+
+    scratch = run.run_dir / ".engine" / f"rank{run.workers.rank}"
+    with run.workers.full_params(run.model) as policy:
+        return build_engine(name, policy, run.tokenizer, scratch=scratch, settings=run.cfg["train"].get("vllm") or {},
+                            seed=int(run.cfg["seed"]))
+
+
+def _close_engine(run: Run) -> None:
+    """Drop the engine and its scratch copy of the model (no file of it outlives the job)."""
+    import shutil
+
+    run.engine = None
+    shutil.rmtree(run.run_dir / ".engine", ignore_errors=True)
 
 
 def _resume_point(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> tuple[str, Path | None, dict | None]:

@@ -87,7 +87,8 @@ def _tiny_paper_config(root: Path, models: dict[str, str], domains: tuple[str, .
     cfg["threads"] = 1
     cfg["pretrain"]["eval"].update({"max_prompts": 2, "max_new_tokens": 8, "batch_size": 16})
     cfg["train"].update({"prompts_per_step": 2, "max_new_tokens": 8, "micro_batches": 2, "eval_every": 1,
-                         "checkpoint_every": 1, "precision": "fp32"})
+                         "checkpoint_every": 1, "precision": "fp32",
+                         "engine": "hf"})   # the paper profile's vLLM engine: tests/integration/test_vllm_engine.py
     cfg["train"]["eval"].update({"batch_size": 64})
     for d in cfg["domains"].values():
         for name, spec in d["heldout"].items():

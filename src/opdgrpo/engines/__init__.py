@@ -1,0 +1,83 @@
+"""Sampling engines: what turns prompts' token ids into :class:`~opdgrpo.sampling.Rollouts` (``train.engine``).
+
+Every place that samples (training rollouts, held-out evaluation, the base-model evaluation, S2's difficulty job)
+calls an engine through :func:`opdgrpo.rollout.sample_and_score`, so the choice is made once, in config:
+
+- ``hf``: the project's own KV-cache loop (:func:`opdgrpo.sampling.sample`) on the trainer's model itself; the
+  tiny and smoke profiles use it (their results stay byte-identical to what they were before engines existed).
+- ``vllm``: a vLLM ``LLM`` in the same process, colocated with the trainer (TRL's ``vllm_mode="colocate"``, verl's
+  hybrid engine). It is built once from a saved copy of the model and then gets the trainer's weights in memory
+  after each optimiser step (:meth:`~opdgrpo.engines.vllm_engine.VLLMEngine.sync`); see that module.
+
+Both return the same structure, with the engine's own per-token log-probs where it has them (vLLM): the trainer
+always recomputes the log-probs it trains on, and uses the engine's only for the mismatch statistic and the
+optional truncated importance-sampling correction (``method.engine_is_cap``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence
+
+import torch
+
+from .. import schema
+from ..sampling import Rollouts, sample
+
+
+class Engine(Protocol):
+    """What the rollout and evaluation code calls; :func:`opdgrpo.sampling.sample`'s keywords, minus the model."""
+
+    name: str
+
+    def sample(self, prompts: list[list[int]], *, max_new_tokens: int, eos_token_id: int | Sequence[int],
+               pad_token_id: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+               generator: torch.Generator | None = None) -> Rollouts: ...
+
+    def sync(self, model: torch.nn.Module, version: Any) -> None:
+        """Make the engine sample from ``model``'s current weights (``version`` names them: a repeat is free)."""
+
+
+class HFEngine:
+    """The project's own sampler on the model itself: :func:`opdgrpo.sampling.sample`, unchanged."""
+
+    name = "hf"
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def sample(self, prompts: list[list[int]], **kwargs) -> Rollouts:
+        return sample(self.model, prompts, **kwargs)
+
+    def sync(self, model: torch.nn.Module, version: Any = None) -> None:
+        self.model = model   # the same weights, nothing to copy
+
+
+def build_engine(name: str, model: torch.nn.Module, tokenizer, *, scratch: Path | None, settings: Mapping[str, Any],
+                 seed: int = 0) -> Engine:
+    """The engine ``train.engine`` names, for ``model``. ``vllm`` saves ``model`` and ``tokenizer`` to ``scratch``
+    (vLLM loads from a directory) and takes ``settings`` (``train.vllm``: extra ``LLM`` arguments)."""
+    if name == "hf":
+        return HFEngine(model)
+    if name != "vllm":
+        raise ValueError(f"config key `train.engine`: must be one of {list(schema.allowed('train', 'engine'))}, got {name!r}")
+    from .vllm_engine import VLLMEngine
+
+    if scratch is None:
+        raise ValueError("train.engine vllm needs a scratch directory to save the model it starts from")
+    return VLLMEngine.for_model(model, tokenizer, scratch, settings=settings, seed=seed)
+
+
+def checkpoint_engine(cfg: Mapping[str, Any], path: str | Path, model: torch.nn.Module) -> Engine | None:
+    """For jobs that sample a saved model without training it (base-model evaluation, S2's difficulty job): None
+    under ``engine: hf`` (or no key: the project's sampler on ``model``), else a vLLM engine on the checkpoint
+    directory ``path`` itself (no copy), with the job's ``vllm`` settings. ``model`` gives the FLOP formulas' config."""
+    name = str(cfg.get("engine") or "hf")
+    if name == "hf":
+        return None
+    if name != "vllm":
+        raise ValueError(f"config key `train.engine`: must be one of {list(schema.allowed('train', 'engine'))}, got {name!r}")
+    from .vllm_engine import VLLMEngine
+
+    return VLLMEngine(Path(path), model.config, settings=cfg.get("vllm") or {}, seed=int(cfg.get("seed") or 0),
+                      device=next(model.parameters()).device)

