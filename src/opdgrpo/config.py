@@ -120,6 +120,7 @@ def validate(cfg: dict[str, Any]) -> None:
         raise ConfigError(str(err)) from None
     _validate_domains(cfg)
     _check_fsdp_block(cfg["train"])
+    _check_engine_blocks(cfg["train"])
     vocab = cfg["tokenizer"].get("vocab_size")
     if vocab is not None and cfg["methods"]["opd"]["top_k"] > vocab:   # a hub tokenizer's size is known once loaded
         raise ConfigError(
@@ -140,6 +141,15 @@ def _check_fsdp_block(train: dict[str, Any]) -> None:
     if set_keys and strategy != "fsdp":
         raise ConfigError(f"config key `train.fsdp` sets {set_keys}, which act only with `train.distributed: fsdp` "
                           f"(it is {strategy!r}): remove the block (`~train.fsdp`) or set `train.distributed=fsdp`")
+
+
+def _check_engine_blocks(train: dict[str, Any]) -> None:
+    """``train.vllm`` and ``train.vllm_alone`` act only under ``train.engine: vllm``."""
+    engine = str(train.get("engine") or "hf")
+    for key in ("vllm", "vllm_alone"):
+        if train.get(key) and engine != "vllm":
+            raise ConfigError(f"config key `train.{key}` acts only with `train.engine: vllm` (it is {engine!r}): "
+                              f"remove it (`~train.{key}`) or set `train.engine=vllm`")
 
 
 def _check_names(cfg: dict[str, Any], study: str, scfg: dict[str, Any]) -> None:

@@ -79,10 +79,13 @@ class Planner:
         return dict(own) if own else dict(self.cfg["tokenizer"])
 
     def engine(self) -> dict[str, Any]:
-        """``train.engine`` and ``train.vllm`` for the jobs that sample outside a training run (base evaluation, S2's
-        difficulty job); nothing under ``hf`` (the default), so those jobs' configs, and their reruns, stay as they were."""
-        engine = self.cfg["train"].get("engine") or "hf"
-        return {} if engine == "hf" else {"engine": engine, "vllm": dict(self.cfg["train"].get("vllm") or {})}
+        """``train.engine`` and its settings for the jobs that sample outside a training run (base evaluation, S2's
+        difficulty job: ``train.vllm`` with ``train.vllm_alone`` over it, the engine having the GPU to itself);
+        nothing under ``hf`` (the default), so those jobs' configs, and their reruns, stay as they were."""
+        train = self.cfg["train"]
+        engine = train.get("engine") or "hf"
+        return {} if engine == "hf" else {"engine": engine,
+                                          "vllm": {**(train.get("vllm") or {}), **(train.get("vllm_alone") or {})}}
 
     def prompt_format(self, model: str) -> dict[str, Any]:
         """The prompt format runs of ``model`` use: ``train``'s keys, replaced by the model's ``prompt_format``."""

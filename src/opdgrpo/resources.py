@@ -34,7 +34,12 @@ ADVICE = {
     "training pass": "a lower train.max_tokens_per_microbatch, train.activation_checkpointing=true, or a lower "
                      "train.logit_chunk_tokens",
     "evaluation": "a lower {eval_knob} (or batch_size beside it)",
+    "vLLM engine": "a lower train.vllm.gpu_memory_utilization (the engine's share of a GPU beside the trainer)",
+    "vLLM engine alone": "a higher train.vllm_alone.gpu_memory_utilization, or a smaller model",
 }
+
+#: vLLM's own default share of a GPU (``gpu_memory_utilization``).
+VLLM_DEFAULT_SHARE = 0.9
 
 #: The batch knob of each kind of job's evaluation (the rows sampled at once).
 EVAL_KNOBS = {"train": "train.eval.max_batch_tokens", "base": "pretrain.eval.max_batch_tokens",
@@ -74,6 +79,7 @@ class JobEstimate:
     phases: dict[str, float]                       # bytes of each phase, per device; the largest one is the peak
     hours: float | None = None
     host: float = 0.0                              # bytes of host memory per node while the models load
+    engine_need: float = 0.0                       # vLLM alone on a GPU: weights + one longest row's KV cache
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -177,7 +183,13 @@ def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw
     refs = sorted({spec["from"] for spec in (rc.get("teachers") or {}).values()})   # one model per distinct teacher
     teachers = [Shape.of(architecture(cfg, model_of(ref, jobs))) for ref in refs]
     static, residual = _train_static(cfg, rc, student, teachers, world)
-    est = JobEstimate(job.id, "train", world, static, _train_phases(cfg, rc, student, teachers, world, residual))
+    phases = _train_phases(cfg, rc, student, teachers, world, residual)
+    if rc["train"].get("engine") == "vllm" and hw:   # sampling and evaluation inside the engine's reservation
+        share = float((rc["train"].get("vllm") or {}).get("gpu_memory_utilization", VLLM_DEFAULT_SHARE))
+        phases = {"training pass": phases["training pass"], "vLLM engine": share * hw.memory_gib * GIB}
+        # asleep during the update (level 1: KV cache freed, weights to host memory); the trainer's sampling
+        # replica stays (it refreshes the engine's weights)
+    est = JobEstimate(job.id, "train", world, static, phases)
     # every process reads each model whole into host memory before it moves or shards it, one model at a time
     t = rc["train"]
     est.host = world * max([_bytes(t.get("param_dtype")) * params(student)]
@@ -209,7 +221,24 @@ def _sampling_estimate(cfg: Mapping[str, Any], job_id: str, kind: str, models: S
     if hw:
         flops = sum(2 * params(s) * tokens for s, _ in shapes)
         est.hours = flops / (hw.bf16_tflops * 1e12 * hw.sampling_mfu) / 3600
+    vllm = _engine_alone(cfg, job_id, kind)
+    if hw and vllm is not None:   # the engine reserves its share; the model's weights and its KV pool live inside
+        reserved = float(vllm) * hw.memory_gib * GIB
+        weights = 2 * params(biggest)   # the engine's bf16 copy
+        est.static = {"weights": min(weights, reserved)}
+        est.phases = {"vLLM engine alone": reserved - est.static["weights"]}   # its KV-cache pool
+        est.engine_need = max(2 * params(s) + kv_cache_bytes(s, 1, row, 2) for s, _ in shapes)
     return est
+
+
+def _engine_alone(cfg: Mapping[str, Any], job_id: str, kind: str) -> float | None:
+    """The vLLM share of the GPU a sampling-only job's engine reserves (the planner's ``train.vllm`` merged with
+    ``train.vllm_alone``), or None under ``hf``."""
+    train = cfg["train"]
+    if train.get("engine") != "vllm":
+        return None
+    settings = {**(train.get("vllm") or {}), **(train.get("vllm_alone") or {})}
+    return float(settings.get("gpu_memory_utilization", VLLM_DEFAULT_SHARE))
 
 
 def base_estimate(cfg: Mapping[str, Any], job: Any, hw: Hardware | None) -> JobEstimate:
@@ -266,6 +295,9 @@ def unfit(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[str]
         return []
     out = [f"job `{e.job}`: {e.peak / GIB:.1f} GiB per GPU ({e.peak_phase} peaks) > {hw.budget / GIB:.1f} GiB usable "
            f"on {hw.name}; change: {e.advice()}" for e in estimates if e.peak > hw.budget]
+    out += [f"job `{e.job}`: its model and one row's KV cache need {e.engine_need / GIB:.1f} GiB, more than the "
+            f"{e.peak / GIB:.1f} GiB its vLLM engine reserves; change: {ADVICE['vLLM engine alone']}"
+            for e in estimates if e.engine_need > e.peak]
     for e in estimates:
         limit = _host_limit(cfg, e.kind)
         if limit is not None and e.host > limit:

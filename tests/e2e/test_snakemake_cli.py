@@ -45,11 +45,11 @@ def test_snakemake_dry_run_lists_the_paper_dag_with_resources(tmp_path):
 def test_snakemake_refuses_a_paper_job_that_would_not_fit_its_gpus(tmp_path):
     """opdgrpo.resources' estimate against the profile's `hardware`: nothing is scheduled, the knob is named."""
     out = subprocess.run([*SNAKEMAKE, "-n", "--cores", "1", "--config", "profile=paper",
-                          f'overrides=["results_dir={tmp_path}","train.eval.max_batch_tokens=2000000"]'],
+                          f'overrides=["results_dir={tmp_path}","train.vllm.gpu_memory_utilization=0.9"]'],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode != 0 and "Job stats" not in out.stdout
-    assert "would run out of GPU memory" in text and "change: a lower train.eval.max_batch_tokens" in text, text[-3000:]
+    assert "would run out of GPU memory" in text and "change: a lower train.vllm.gpu_memory_utilization" in text, text[-3000:]
 
 
 def test_plain_snakemake_from_the_root_finds_the_snakefile_and_the_default_profile(tmp_path):

@@ -10,6 +10,8 @@ from opdgrpo.config import ConfigError, compose
 from opdgrpo.memory_model import GIB
 from opdgrpo.plan import build_plan
 
+HF = "train.engine=hf ~train.vllm ~train.vllm_alone"   # the project's sampler: its KV cache is the job's
+
 
 @pytest.fixture(scope="module")
 def paper():
@@ -43,12 +45,14 @@ def test_fsdp_shards_what_ddp_replicates(paper):
 
 
 @pytest.mark.parametrize("override,knob", [
-    ("train.eval.max_batch_tokens=2000000", "train.eval.max_batch_tokens"),
-    ("pretrain.eval.max_batch_tokens=500000", "pretrain.eval.max_batch_tokens"),
+    (f"{HF} train.eval.max_batch_tokens=2000000", "train.eval.max_batch_tokens"),
+    (f"{HF} pretrain.eval.max_batch_tokens=500000", "pretrain.eval.max_batch_tokens"),
     ("train.max_tokens_per_microbatch=131072", "train.max_tokens_per_microbatch"),
     ("train.distributed=ddp ~train.fsdp", "train.distributed=fsdp"),
     ("train.activation_checkpointing=false", "train.activation_checkpointing=true"),
     ("resources.train.mem_mb=300000", "a higher resources.train.mem_mb"),
+    ("train.vllm.gpu_memory_utilization=0.9", "a lower train.vllm.gpu_memory_utilization"),
+    ("train.vllm_alone.gpu_memory_utilization=0.35", "a higher train.vllm_alone.gpu_memory_utilization"),
 ])
 def test_a_job_that_does_not_fit_is_refused_naming_the_knob(override, knob, capsys):
     cfg = compose(["profile=paper", *override.split()])
@@ -69,3 +73,15 @@ def test_without_a_hardware_block_memory_is_estimated_not_checked(capsys):
 def test_a_bad_hardware_value_names_its_key():
     with pytest.raises(ConfigError, match="hardware.usable_fraction"):
         compose(["profile=paper", "hardware.usable_fraction=1.5"])
+
+
+def test_the_hf_engine_is_estimated_by_its_own_kv_cache(paper):
+    cfg = compose(["profile=paper", *HF.split()])
+    estimates = {e.job: e for e in resources.estimate_jobs(cfg, build_plan(cfg))}
+    assert resources.unfit(cfg, list(estimates.values())) == []
+    assert "sampling" in estimates["grpo-student-math-s0"].phases and estimates["base-qwen3_32b"].engine_need == 0
+
+
+def test_engine_settings_under_hf_are_an_error():
+    with pytest.raises(ConfigError, match=r"train.vllm_alone.*~train.vllm_alone"):
+        compose(["profile=paper", "train.engine=hf", "~train.vllm"])
