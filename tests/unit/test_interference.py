@@ -3,7 +3,8 @@
 At strength 0 the world is byte-identical to the one before the knob existed (pinned hashes of the pools, held-out
 sets, pretraining draws and demonstrations, computed with the builders as they were); at strength s a hashed share
 s of every pool takes the shared form (prefix ``ask ``, the response wrapped in the domain's own marks), and each
-verifier scores its own convention right and every other domain's convention wrong on that same surface form.
+verifier scores its own convention right and every other domain's convention wrong on that same surface form;
+pretraining shows the shared form in every domain's marks, so the base model does not know which domain wants which.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import yaml
 
 from opdgrpo.config import ConfigError, compose
 from opdgrpo.domains import KINDS, build_domain
-from opdgrpo.domains.base import SHARED_PREFIX, is_shared
+from opdgrpo.domains.base import SHARED_PREFIX, SHARED_WRAPS, is_shared
 from opdgrpo.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,12 +108,26 @@ def test_own_convention_scores_and_every_other_domains_fails(name, full):
                 assert domain.score(tasks, wrong) == [0.0] * len(tasks), (style, other)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_pretraining_shows_every_domains_marks_on_the_shared_form(name, full):
+    """A base model sees the shared form answered in all four domains' marks (drawn uniformly), not which domain wants
+    which; the pools' own demonstrations (used by tests and teachers' targets) keep the domain's marks."""
+    from collections import Counter
+
+    domain, rng = full[name], random.Random(2)
+    demos = [domain.demonstration(domain.pretraining_task(rng), "brief") for _ in range(800)]
+    opened = Counter(d[0] + d[-1] for d in demos)
+    assert set(opened) == set(SHARED_WRAPS)
+    assert all(abs(n / len(demos) - 1 / len(SHARED_WRAPS)) < 0.06 for n in opened.values()), opened
+    assert {domain.demonstration(t, "brief")[0] for t in domain.training_pool()[:50]} == {domain.SHARED_WRAP[0]}
+
+
 def test_the_shared_surface_form_is_one_for_every_domain(full):
     """Same prefix, distinct marks: the domain is told only by the prompt's content."""
     prompts = {name: d.training_pool()[0].prompt for name, d in full.items()}
     assert all(p.startswith(SHARED_PREFIX) for p in prompts.values())
     assert all(not p.startswith(d.prefix) for p, d in zip(prompts.values(), full.values()))
-    assert len({KINDS[load(n)["kind"]].SHARED_WRAP for n in NAMES}) == len(NAMES)
+    assert {KINDS[load(n)["kind"]].SHARED_WRAP for n in NAMES} == set(SHARED_WRAPS)
 
 
 def test_own_form_prompts_keep_their_convention(half):

@@ -66,6 +66,10 @@ def check_style(style: str) -> None:
 
 #: The prompt prefix every domain's shared-form prompts carry instead of their own (``calc ``, ``code ``, ...).
 SHARED_PREFIX = "ask "
+#: Every tiny kind's marks (math, code, instruction following, knowledge); a pretraining demonstration of a
+#: shared-form prompt takes one of them at random, so a base model knows the shared form's marks but not which
+#: domain wants which (:meth:`SharedForm.for_pretraining`).
+SHARED_WRAPS = ("<>", "{}", "**", "[]")
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,9 @@ class SharedForm:
     conventions, resolved only by the domain (told apart by the prompt's content alone): a response in another
     domain's convention scores 0. At strength 0 (the default) no instance is touched and the world is exactly what
     it was without this class. Which instances take the shared form is a hash of the canonical prompt, so the
-    held-out split, the pools and every random draw are the same at any strength.
+    held-out split and the pools hold the same instances at any strength. Pretraining rows in the shared form are
+    demonstrated with marks drawn at random from :data:`SHARED_WRAPS`: the base model has seen the shared form
+    answered in every domain's marks, and which domain wants which is what post-training must learn.
     """
 
     domain: str
@@ -108,9 +114,20 @@ class SharedForm:
         prompt = SHARED_PREFIX + task.prompt[len(self.prefix):]
         return replace(task, prompt=prompt, meta={**task.meta, "shared": True})
 
+    def for_pretraining(self, task: Task, rng) -> Task:
+        """A pretraining row's task: in the shared form, its demonstration's marks are drawn from :data:`SHARED_WRAPS`
+        (uniformly, whatever the domain); any other task is returned as it is, with no draw from ``rng``."""
+        if not is_shared(task):
+            return task
+        return replace(task, meta={**task.meta, "demo_wrap": rng.choice(SHARED_WRAPS)})
+
     def demonstration(self, task: Task, text: str) -> str:
-        """A shared-form task's demonstration wrapped in the domain's marks; any other task's unchanged."""
-        return f"{self.wrap[0]}{text}{self.wrap[1]}" if is_shared(task) else text
+        """A shared-form task's demonstration wrapped in the domain's marks (a pretraining row's: in its drawn marks);
+        any other task's unchanged."""
+        if not is_shared(task):
+            return text
+        wrap = task.meta.get("demo_wrap", self.wrap)
+        return f"{wrap[0]}{text}{wrap[1]}"
 
     def unwrap(self, task: Task, completion: str) -> str | None:
         """What the domain's verifier reads: the completion itself for a task in the domain's own form; for a shared

@@ -87,7 +87,7 @@ class CodeDomain:
         while True:
             expr, reserved = rng.choice(self._space)
             if not reserved:
-                return self._task(expr)
+                return self.shared.for_pretraining(self._task(expr), rng)
 
     def demonstration(self, task: Task, style: str) -> str:
         return self.shared.demonstration(task, self._demonstration(task, style))

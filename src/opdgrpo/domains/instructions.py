@@ -250,7 +250,8 @@ class InstructionDomain:
                 for name, spec in self.cfg["heldout"].items()}
 
     def pretraining_task(self, rng: random.Random) -> Task:
-        return self._draw(rng, self._counts(self.cfg["pretrain_constraints"], "pretrain_constraints"), reserved=False)
+        task = self._draw(rng, self._counts(self.cfg["pretrain_constraints"], "pretrain_constraints"), reserved=False)
+        return self.shared.for_pretraining(task, rng)
 
     def demonstration(self, task: Task, style: str) -> str:
         check_style(style)

@@ -145,7 +145,7 @@ class KnowledgeDomain:
         while True:
             entity, relation = rng.choice(self.pairs)
             if phrasing == "statement" or (entity, relation) not in self.reserved:
-                return self._task(entity, relation, phrasing)
+                return self.shared.for_pretraining(self._task(entity, relation, phrasing), rng)
 
     def demonstration(self, task: Task, style: str) -> str:
         check_style(style)

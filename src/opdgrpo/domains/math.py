@@ -114,7 +114,7 @@ class MathDomain:
         }
 
     def pretraining_task(self, rng: random.Random) -> Task:
-        return self._draw(rng, rng.choice(list(self.cfg["pretrain_operators"])), reserved=False)
+        return self.shared.for_pretraining(self._draw(rng, rng.choice(list(self.cfg["pretrain_operators"])), reserved=False), rng)
 
     def demonstration(self, task: Task, style: str) -> str:
         check_style(style)
