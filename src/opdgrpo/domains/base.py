@@ -8,8 +8,8 @@ held-out instances are excluded from the training pool and from pretraining by c
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 
 @dataclass(frozen=True)
@@ -62,3 +62,101 @@ def heldout_overlap(domain: str, pool: Sequence[Task], heldout: Mapping[str, Seq
 def check_style(style: str) -> None:
     if style not in ("brief", "thinking"):
         raise ValueError(f"demonstration style must be 'brief' or 'thinking', got {style!r}")
+
+
+#: The prompt prefix every domain's shared-form prompts carry instead of their own (``calc ``, ``code ``, ...).
+SHARED_PREFIX = "ask "
+#: Every tiny kind's marks (math, code, instruction following, knowledge); a pretraining demonstration of a
+#: shared-form prompt takes one of them at random, so a base model knows the shared form's marks but not which
+#: domain wants which (:meth:`SharedForm.for_pretraining`).
+SHARED_WRAPS = ("<>", "{}", "**", "[]")
+
+
+@dataclass(frozen=True)
+class SharedForm:
+    """Domain interference (``domains.<name>.interference``; docs/method.md, "Domain interference").
+
+    A hashed share ``strength`` of the domain's instances (training pool, held-out sets and pretraining alike) is
+    written in the *shared form*: the domain's own prefix is replaced by :data:`SHARED_PREFIX`, which every domain
+    uses, and the whole response must be wrapped in the domain's own pair of marks (``wrap``: math ``<>``, code
+    ``{}``, instruction following ``**``, knowledge ``[]``). The same surface form thus asks for conflicting
+    conventions, resolved only by the domain (told apart by the prompt's content alone): a response in another
+    domain's convention scores 0. At strength 0 (the default) no instance is touched and the world is exactly what
+    it was without this class. Which instances take the shared form is a hash of the canonical prompt, so the
+    held-out split and the pools hold the same instances at any strength. Pretraining rows in the shared form are
+    demonstrated with marks drawn at random from :data:`SHARED_WRAPS`: the base model has seen the shared form
+    answered in every domain's marks, and which domain wants which is what post-training must learn.
+    """
+
+    domain: str
+    prefix: str
+    wrap: str
+    strength: float = 0.0
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], domain: str, prefix: str, wrap: str) -> "SharedForm":
+        strength = cfg.get("interference", 0.0)
+        strength = 0.0 if strength is None else float(strength)
+        if not 0.0 <= strength <= 1.0:
+            raise ValueError(f"domain {domain}: config key `interference` must be in [0, 1] (the share of prompts in the "
+                             f"shared form; 0: none), got {strength}")
+        if strength > 0 and prefix == SHARED_PREFIX:
+            raise ValueError(f"domain {domain}: config key `prompt_prefix` must differ from the shared prefix "
+                             f"{SHARED_PREFIX!r} when `interference` > 0")
+        return cls(domain, prefix, wrap, strength)
+
+    def apply(self, task: Task) -> Task:
+        """``task`` itself, or in the shared form when its canonical prompt hashes into the shared share."""
+        if self.strength <= 0 or stable_fraction(task.prompt, salt=f"{self.domain}|shared") >= self.strength:
+            return task
+        if not task.prompt.startswith(self.prefix):
+            raise ValueError(f"domain {self.domain}: prompt {task.prompt!r} does not start with its prefix {self.prefix!r}")
+        prompt = SHARED_PREFIX + task.prompt[len(self.prefix):]
+        return replace(task, prompt=prompt, meta={**task.meta, "shared": True})
+
+    def for_pretraining(self, task: Task, rng) -> Task:
+        """A pretraining row's task: in the shared form, its demonstration's marks are drawn from :data:`SHARED_WRAPS`
+        (uniformly, whatever the domain); any other task is returned as it is, with no draw from ``rng``."""
+        if not is_shared(task):
+            return task
+        return replace(task, meta={**task.meta, "demo_wrap": rng.choice(SHARED_WRAPS)})
+
+    def demonstration(self, task: Task, text: str) -> str:
+        """A shared-form task's demonstration wrapped in the domain's marks (a pretraining row's: in its drawn marks);
+        any other task's unchanged."""
+        if not is_shared(task):
+            return text
+        wrap = task.meta.get("demo_wrap", self.wrap)
+        return f"{wrap[0]}{text}{wrap[1]}"
+
+    def unwrap(self, task: Task, completion: str) -> str | None:
+        """What the domain's verifier reads: the completion itself for a task in the domain's own form; for a shared
+        one, the text inside the domain's marks (the stripped response must open and close with them), else None."""
+        if not is_shared(task):
+            return completion
+        text = completion.strip()
+        if len(text) < 2 or text[0] != self.wrap[0] or text[-1] != self.wrap[1]:
+            return None
+        return text[1:-1]
+
+    def score(self, tasks: Sequence[Task], completions: Sequence[str],
+              verifier: Callable[[Sequence[Task], Sequence[str]], list[float]]) -> list[float]:
+        """``verifier``'s rewards on the unwrapped completions; 0 where a shared-form response lacks the domain's marks."""
+        if self.strength <= 0:
+            return verifier(tasks, completions)
+        inner = [self.unwrap(t, c) for t, c in zip(tasks, completions, strict=True)]
+        rewards = verifier(tasks, ["" if text is None else text for text in inner])
+        return [0.0 if text is None else r for text, r in zip(inner, rewards)]
+
+    def metrics(self, tasks: Sequence[Task], rewards: Sequence[float]) -> dict[str, float | None]:
+        """Accuracy on the set's shared-form prompts and on its own-form ones (None where a set has none)."""
+        split: dict[str, list[float]] = {"shared": [], "own": []}
+        for task, reward in zip(tasks, rewards, strict=True):
+            split["shared" if is_shared(task) else "own"].append(float(reward))
+        return {f"{k}_accuracy": (sum(v) / len(v) if v else None) for k, v in split.items()} | {
+            "shared_share": len(split["shared"]) / max(1, len(tasks))}
+
+
+def is_shared(task: Task) -> bool:
+    """Whether a task is in the shared form (see :class:`SharedForm`)."""
+    return bool(task.meta.get("shared", False))

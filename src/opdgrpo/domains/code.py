@@ -14,7 +14,7 @@ import random
 from typing import Any, Mapping, Sequence
 
 from ..execution import ProgramCheck, check_programs
-from .base import Task, check_style, stable_fraction
+from .base import SharedForm, Task, check_style, stable_fraction
 
 
 def _linear(expr: str) -> bool:
@@ -24,10 +24,16 @@ def _linear(expr: str) -> bool:
 class CodeDomain:
     """Functions of one integer from a few families; see ``conf/domain/code.yaml``."""
 
+    #: the marks a shared-form response is wrapped in (base.SharedForm; stands for a fenced code block)
+    SHARED_WRAP = "{}"
+
     def __init__(self, cfg: Mapping[str, Any]):
         self.name = str(cfg.get("name", "code"))
         self.cfg = cfg
         self.prefix = str(cfg["prompt_prefix"])
+        self.shared = SharedForm.from_config(cfg, self.name, self.prefix, self.SHARED_WRAP)
+        if self.shared.strength > 0:   # shared/own-form accuracy per held-out set (evaluation's extra metrics)
+            self.extra_metrics = self._shared_metrics
         self.visible_x = [int(x) for x in cfg["visible_x"]]
         self.hidden_x = [int(x) for x in cfg["hidden_x"]]
         self.reward = str(cfg["reward"])
@@ -54,7 +60,7 @@ class CodeDomain:
         values = {x: eval(expr, {}, {"x": x}) for x in self.visible_x + self.hidden_x}  # noqa: S307
         shown = " ".join(f"{x}:{values[x]}" for x in self.visible_x)
         tests = tuple(((x,), values[x]) for x in self.hidden_x)
-        return Task(self.name, f"{self.prefix}{shown}\n", tests, {"expression": expr, "values": values})
+        return self.shared.apply(Task(self.name, f"{self.prefix}{shown}\n", tests, {"expression": expr, "values": values}))
 
     def _pool(self, reserved: bool, size: int | None, seed: str) -> list[Task]:
         exprs = [e for e, r in self._space if r == reserved]
@@ -81,9 +87,12 @@ class CodeDomain:
         while True:
             expr, reserved = rng.choice(self._space)
             if not reserved:
-                return self._task(expr)
+                return self.shared.for_pretraining(self._task(expr), rng)
 
     def demonstration(self, task: Task, style: str) -> str:
+        return self.shared.demonstration(task, self._demonstration(task, style))
+
+    def _demonstration(self, task: Task, style: str) -> str:
         check_style(style)
         expr, values = task.meta["expression"], task.meta["values"]
         if style == "brief":
@@ -102,6 +111,12 @@ class CodeDomain:
         return "def f(x):\n" + completion + "\n"
 
     def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
+        return self.shared.score(tasks, completions, self._verify)
+
+    def _shared_metrics(self, tasks: Sequence[Task], completions: Sequence[str]) -> dict[str, float | None]:
+        return self.shared.metrics(tasks, self.score(tasks, completions))
+
+    def _verify(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
         checks = [ProgramCheck(self.program(c), "f", t.answer) for t, c in zip(tasks, completions, strict=True)]
         outcomes = check_programs(
             checks,

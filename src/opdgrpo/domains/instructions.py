@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from .base import Task, check_style, stable_fraction
+from .base import SharedForm, Task, check_style, stable_fraction
 
 MARKER = "=>"
 CONSTRAINT_KINDS = ("lower", "upper", "words", "start", "end", "has", "not", "rep", "sep", "wrap")
@@ -149,6 +149,9 @@ def solve(constraints: Sequence[Constraint], vocabulary: Sequence[str], max_word
 class InstructionDomain:
     """Responses under verifiable constraints; see the module docstring and ``conf/domain/ifeval.yaml``."""
 
+    #: the marks a shared-form response is wrapped in (base.SharedForm; stands for markdown emphasis)
+    SHARED_WRAP = "**"
+
     def __init__(self, cfg: Mapping[str, Any]):
         self.name = str(cfg.get("name", "ifeval"))
         self.cfg = cfg
@@ -161,6 +164,9 @@ class InstructionDomain:
         self.heldout_fraction = float(cfg["heldout_fraction"])
         self.kinds = [str(k) for k in cfg["constraint_kinds"]]
         self._validate()
+        self.shared = SharedForm.from_config(cfg, self.name, self.prefix, self.SHARED_WRAP)
+        if self.shared.strength > 0:   # shared/own-form accuracy per held-out set (evaluation's extra metrics)
+            self.extra_metrics = self._shared_metrics
 
     def _validate(self) -> None:
         unknown = sorted(set(self.kinds) - set(CONSTRAINT_KINDS))
@@ -216,7 +222,7 @@ class InstructionDomain:
                 continue
             answer = solve(constraints, self.words, self.max_words, random.Random(f"{self.name}|{prompt}"))
             if answer is not None:
-                return Task(self.name, prompt, constraints, {"brief": answer})
+                return self.shared.apply(Task(self.name, prompt, constraints, {"brief": answer}))
 
     def _pool(self, spec: Mapping[str, Any], key: str, seed: str, reserved: bool) -> list[Task]:
         counts = self._counts(spec["constraints"], f"{key}.constraints")
@@ -244,21 +250,30 @@ class InstructionDomain:
                 for name, spec in self.cfg["heldout"].items()}
 
     def pretraining_task(self, rng: random.Random) -> Task:
-        return self._draw(rng, self._counts(self.cfg["pretrain_constraints"], "pretrain_constraints"), reserved=False)
+        task = self._draw(rng, self._counts(self.cfg["pretrain_constraints"], "pretrain_constraints"), reserved=False)
+        return self.shared.for_pretraining(task, rng)
 
     def demonstration(self, task: Task, style: str) -> str:
         check_style(style)
         if style == "brief":
-            return task.meta["brief"]
-        return f"{' '.join(c.note for c in task.answer)} {MARKER} {task.meta['brief']}"
+            return self.shared.demonstration(task, task.meta["brief"])
+        return self.shared.demonstration(task, f"{' '.join(c.note for c in task.answer)} {MARKER} {task.meta['brief']}")
+
+    def _verify(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
+        return [float(all(constraint_passes(t, c))) for t, c in zip(tasks, completions, strict=True)]
 
     def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
-        return [float(all(constraint_passes(t, c))) for t, c in zip(tasks, completions, strict=True)]
+        return self.shared.score(tasks, completions, self._verify)
+
+    def _shared_metrics(self, tasks: Sequence[Task], completions: Sequence[str]) -> dict[str, float | None]:
+        return self.shared.metrics(tasks, self.score(tasks, completions))
 
     def constraint_rates(self, tasks: Sequence[Task], completions: Sequence[str]) -> dict[str, float]:
         """Pass rate of each constraint kind over the prompts that carry it (IFEval's instruction level)."""
         passed: dict[str, list[bool]] = {}
         for task, completion in zip(tasks, completions, strict=True):
-            for constraint, ok in zip(task.answer, constraint_passes(task, completion)):
+            inner = self.shared.unwrap(task, completion)   # a shared-form response without the domain's marks: all fail
+            passes = [False] * len(task.answer) if inner is None else constraint_passes(task, inner)
+            for constraint, ok in zip(task.answer, passes):
                 passed.setdefault(constraint.kind, []).append(ok)
         return {kind: sum(oks) / len(oks) for kind, oks in sorted(passed.items())}

@@ -20,7 +20,7 @@ import random
 import string
 from typing import Any, Mapping, Sequence
 
-from .base import Task, check_style, stable_fraction
+from .base import SharedForm, Task, check_style, stable_fraction
 
 MARKER = "=>"
 ENTITY_VALUES = "entities"  # a relation whose values are the other entities (``friend``)
@@ -39,10 +39,16 @@ def extract_answer(completion: str) -> str | None:
 class KnowledgeDomain:
     """Recall of generated facts; see the module docstring and ``conf/domain/knowledge.yaml``."""
 
+    #: the marks a shared-form response is wrapped in (base.SharedForm; stands for a bracketed choice)
+    SHARED_WRAP = "[]"
+
     def __init__(self, cfg: Mapping[str, Any]):
         self.name = str(cfg.get("name", "knowledge"))
         self.cfg = cfg
         self.prefix = str(cfg["prompt_prefix"])
+        self.shared = SharedForm.from_config(cfg, self.name, self.prefix, self.SHARED_WRAP)
+        if self.shared.strength > 0:   # shared/own-form accuracy per held-out set (evaluation's extra metrics)
+            self.extra_metrics = self._shared_metrics
         self.choices = int(cfg["choices"])
         self.heldout_fraction = float(cfg["heldout_fraction"])
         self.relations = {str(r): v for r, v in cfg["relations"].items()}
@@ -94,6 +100,9 @@ class KnowledgeDomain:
 
     # -- prompts ------------------------------------------------------------------------------
     def _task(self, entity: str, relation: str, phrasing: str) -> Task:
+        return self.shared.apply(self._canonical_task(entity, relation, phrasing))
+
+    def _canonical_task(self, entity: str, relation: str, phrasing: str) -> Task:
         value = self.facts[entity, relation]
         meta = {"entity": entity, "relation": relation, "value": value, "phrasing": phrasing}
         if phrasing == "statement":
@@ -136,13 +145,20 @@ class KnowledgeDomain:
         while True:
             entity, relation = rng.choice(self.pairs)
             if phrasing == "statement" or (entity, relation) not in self.reserved:
-                return self._task(entity, relation, phrasing)
+                return self.shared.for_pretraining(self._task(entity, relation, phrasing), rng)
 
     def demonstration(self, task: Task, style: str) -> str:
         check_style(style)
         if style == "brief":
-            return task.answer
-        return f"{task.meta['entity']} {task.meta['relation']} {task.meta['value']} {MARKER} {task.answer}"
+            return self.shared.demonstration(task, task.answer)
+        meta = task.meta
+        return self.shared.demonstration(task, f"{meta['entity']} {meta['relation']} {meta['value']} {MARKER} {task.answer}")
+
+    def _verify(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
+        return [float(extract_answer(c) == t.answer) for t, c in zip(tasks, completions, strict=True)]
 
     def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
-        return [float(extract_answer(c) == t.answer) for t, c in zip(tasks, completions, strict=True)]
+        return self.shared.score(tasks, completions, self._verify)
+
+    def _shared_metrics(self, tasks: Sequence[Task], completions: Sequence[str]) -> dict[str, float | None]:
+        return self.shared.metrics(tasks, self.score(tasks, completions))

@@ -13,7 +13,7 @@ import random
 import re
 from typing import Any, Mapping, Sequence
 
-from .base import Task, check_style, stable_fraction
+from .base import SharedForm, Task, check_style, stable_fraction
 
 _LAST_INT = re.compile(r"-?\d+")
 
@@ -52,6 +52,9 @@ def extract_answer(completion: str) -> int | None:
 class MathDomain:
     """Arithmetic expressions; see the module docstring and ``conf/domain/math.yaml``."""
 
+    #: the marks a shared-form response is wrapped in (base.SharedForm; stands for math's boxed answer)
+    SHARED_WRAP = "<>"
+
     def __init__(self, cfg: Mapping[str, Any]):
         self.name = str(cfg.get("name", "math"))
         self.cfg = cfg
@@ -59,6 +62,9 @@ class MathDomain:
         self.operators = str(cfg["operators"])
         self.heldout_fraction = float(cfg["heldout_fraction"])
         self.prefix = str(cfg["prompt_prefix"])
+        self.shared = SharedForm.from_config(cfg, self.name, self.prefix, self.SHARED_WRAP)
+        if self.shared.strength > 0:   # shared/own-form accuracy per held-out set (evaluation's extra metrics)
+            self.extra_metrics = self._shared_metrics
 
     # -- instance space -----------------------------------------------------------------------
     def _random_instance(self, rng: random.Random, n_ops: int) -> tuple[list[int], list[str]]:
@@ -72,7 +78,7 @@ class MathDomain:
     def _task(self, operands, operators) -> Task:
         expr = expression(operands, operators)
         value, steps = evaluate(operands, operators)
-        return Task(self.name, f"{self.prefix}{expr}=", value, {"expression": expr, "steps": tuple(steps)})
+        return self.shared.apply(Task(self.name, f"{self.prefix}{expr}=", value, {"expression": expr, "steps": tuple(steps)}))
 
     def _draw(self, rng: random.Random, n_ops: int, reserved: bool) -> Task:
         while True:
@@ -108,13 +114,18 @@ class MathDomain:
         }
 
     def pretraining_task(self, rng: random.Random) -> Task:
-        return self._draw(rng, rng.choice(list(self.cfg["pretrain_operators"])), reserved=False)
+        return self.shared.for_pretraining(self._draw(rng, rng.choice(list(self.cfg["pretrain_operators"])), reserved=False), rng)
 
     def demonstration(self, task: Task, style: str) -> str:
         check_style(style)
-        if style == "brief":
-            return str(task.answer)
-        return " ".join(task.meta["steps"])
+        text = str(task.answer) if style == "brief" else " ".join(task.meta["steps"])
+        return self.shared.demonstration(task, text)
+
+    def _verify(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
+        return [float(extract_answer(c) == t.answer) for t, c in zip(tasks, completions, strict=True)]
 
     def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
-        return [float(extract_answer(c) == t.answer) for t, c in zip(tasks, completions, strict=True)]
+        return self.shared.score(tasks, completions, self._verify)
+
+    def _shared_metrics(self, tasks: Sequence[Task], completions: Sequence[str]) -> dict[str, float | None]:
+        return self.shared.metrics(tasks, self.score(tasks, completions))
