@@ -53,6 +53,8 @@ def make_curves(distill: list[tuple[int, float, dict[str, float]]]) -> pd.DataFr
 
 
 def savings(distill, **kw):
+    """The raw-point rule (no smoothing) the hand computations below use; the smoothed rule: test_verdicts.py."""
+    kw.setdefault("smooth_window", 1)
     return compute_savings(make_curves(distill), "joint", "distill", ["e-math", "e-code"], **kw)
 
 
@@ -88,6 +90,14 @@ def test_never_matched() -> None:
     assert r["distill_flops"] is None and r["pipeline_flops"] is None and r["distill_share"] is None
     assert "distill" in r["reason"] and "never reached" in r["reason"]
     assert r["target_accuracy"] == pytest.approx(0.55) and r["joint_flops"] == 200.0 and r["expert_flops"] == 100.0
+
+
+def test_tolerance_moves_both_sides_to_the_same_threshold() -> None:
+    # threshold 0.55 - 0.05 = 0.50: joint mix 0.45 @100 -> 0.55 @200 crosses it at 150, the distillation at 20
+    r = savings([(0, 0, both(0.2)), (1, 10, both(0.4)), (2, 20, both(0.5))], tolerance=5.0)
+    assert r["threshold_accuracy"] == pytest.approx(0.50)
+    assert r["joint_flops"] == pytest.approx(150.0) and r["distill_flops"] == pytest.approx(20.0)
+    assert r["savings"] == pytest.approx(1 - 120.0 / 150.0)
 
 
 def test_tolerance_in_accuracy_points() -> None:
@@ -139,7 +149,8 @@ def curves_csv(tmp_path):
 
 
 def test_cli_prints_one_json_object(curves_csv, capsys) -> None:
-    argv = ["--curves", str(curves_csv), "--joint", "joint", "--distill", "distill", "--experts", "e-math", "e-code"]
+    argv = ["--curves", str(curves_csv), "--joint", "joint", "--distill", "distill", "--experts", "e-math", "e-code",
+            "--smooth-window", "1"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert len(out.strip().splitlines()) == 1
@@ -162,7 +173,7 @@ def test_cli_errors_exit_nonzero(curves_csv, tmp_path, capsys) -> None:
 
 def test_python_dash_m_entry(curves_csv) -> None:
     cmd = [sys.executable, "-m", "opdgrpo.report.savings", "--curves", str(curves_csv), "--joint", "joint",
-           "--distill", "distill", "--experts", "e-math", "e-code"]
+           "--distill", "distill", "--experts", "e-math", "e-code", "--smooth-window", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["pipeline_flops"] == pytest.approx(117.5)
