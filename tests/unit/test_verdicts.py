@@ -4,7 +4,7 @@ the same when the seeds change or the curves take another draw of the evaluation
 
 The seed test builds run directories through the project's run-file writers (:mod:`opdgrpo.runio`) from a known
 world: S4's four runs per seed, accuracies drawn as avg@4 over 150 prompts per held-out set (the tiny profile's
-sizes), with a per-seed shift of each run's plateau standing in for training randomness. In process, a few seconds.
+math sets), with a per-seed shift of each run's plateau standing in for training randomness. In process, a few seconds.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -59,11 +60,33 @@ def test_rule_keys_and_defaults_agree_with_conf():
     assert MatchRule().slack(0.01) == pytest.approx(0.01) and MatchRule().slack(None) == 0.0
     with pytest.raises(ValueError, match="odd"):
         MatchRule(window=4)
-    for name in ("s3", "s4", "s5"):
+    for name in ("s1", "s1b", "s3", "s4", "s5"):
         block = yaml.safe_load((REPO / "conf" / "study" / f"{name}.yaml").read_text())
-        assert block["smooth_window"] == DEFAULT_SMOOTH_WINDOW and block["tolerance_se"] == DEFAULT_TOLERANCE_SE
+        assert block["smooth_window"] == DEFAULT_SMOOTH_WINDOW
+        if name.startswith("s1"):
+            continue
+        assert block["tolerance_se"] == DEFAULT_TOLERANCE_SE
         if name != "s3":
             assert block["share_threshold"] == DEFAULT_SHARE_THRESHOLD and block["tolerance"] == 0
+
+
+def test_s1_peaks_are_read_smoothed_so_one_lucky_point_does_not_decide():
+    from opdgrpo.report.curves import CURVE_COLUMNS
+    from opdgrpo.studies import REGISTRY
+
+    def rows(run: str, accs: list[float], per_step: float) -> list[dict]:
+        return [{"run": run, "study": "S1", "method": "x", "train_domains": "math", "seed": 0, "step": i,
+                 "cumulative_flops": i * per_step, "eval_domain": "math", "eval_set": "amc", "accuracy": a,
+                 "mean_response_length": 5.0} for i, a in enumerate(accs)]
+
+    grpo = rows("g", [0.20, 0.30, 0.36, 0.38, 0.40, 0.40], 1.0)
+    opd = rows("o", [0.20, 0.30, 0.34, 0.43, 0.34, 0.35], 1.0)  # one lucky draw at step 3
+    curves = pd.DataFrame(grpo + opd, columns=CURVE_COLUMNS)
+    entry = {"comparisons": [{"domain": "math", "grpo": "g", "opd": {"OPD": "o"}}]}
+    raw = REGISTRY["S1"].evaluate(dict(entry, smooth_window=1), curves, {})["S1"]
+    smoothed = REGISTRY["S1"].evaluate(entry, curves, {})["S1"]  # the default window: 3 points
+    assert raw[1].startswith("does not hold") and smoothed[1] == "holds"
+    assert "smoothed over 3 points" in smoothed[0]
 
 
 # -------------------------------------------------------------------------------------------- a world with seeds

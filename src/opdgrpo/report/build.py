@@ -208,7 +208,7 @@ def savings_markdown(rows: Sequence[Mapping[str, Any]], profile: str) -> str:
             f"| {pct(r['paper_savings'])} | {pct(r['paper_distill_share'])} |"
         )
     rules = sorted({(r.get("smooth_window"), r.get("tolerance_se"), r["tolerance_points"]) for r in rows}, key=str)
-    said = "; ".join(f"smoothed over {w} points, tolerance {se:g} SE + {t:g} accuracy points" for w, se, t in rules)
+    said = "; ".join(f"smoothed over {w} points, tolerance {se} SE + {t:g} accuracy points" for w, se, t in rules)
     ses = [f"{r['study']} (seed {r.get('seed')}) {100 * r['eval_se']:.2f} pts" for r in rows
            if r.get("eval_se") is not None and r.get("seed") != "all"]
     lines += ["", f"Matching rule: {said}." + (f" One evaluation's SE at the target: {', '.join(ses)}." if ses else ""),
