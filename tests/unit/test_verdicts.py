@@ -9,6 +9,7 @@ math sets), with a per-seed shift of each run's plateau standing in for training
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -189,3 +190,16 @@ def test_share_threshold_decides_and_one_seed_is_indicative(tmp_path):
     w = world(tmp_path / "c", [0])
     md = claims_table(w["spec"], load_curves(w["spec"], w["runs"]), [])
     assert "Indicative verdicts: one seed" in md.split("| claim |")[0]
+
+
+def test_a_joint_run_that_never_improves_measures_neither_share_nor_savings(tmp_path):
+    # the smoke profile's tiny models score 0% throughout: the target is the initial accuracy, reached for free
+    w = world(tmp_path, [0])
+    for run_dir in w["runs"].iterdir():
+        records = [json.loads(line) for line in (run_dir / "evals.jsonl").read_text().splitlines()]
+        (run_dir / "evals.jsonl").unlink()
+        for record in records:
+            append_jsonl(run_dir / "evals.jsonl", dict(record, results=[dict(r, accuracy=0.0) for r in record["results"]]))
+    found, rows = verdicts(w)
+    assert rows[0]["target_accuracy"] == 0.0 and rows[0]["savings"] is None
+    assert found["S4-share"][1].startswith("not measured") and found["S4-savings"][1].startswith("not measured")

@@ -225,6 +225,8 @@ def _consolidation_verdicts(key: str, savings: Mapping[str, Mapping[str, Any]]) 
     share_txt = f"experts {format_flops(expert)}, distillation {format_flops(distill)}"
     if s is None:
         out[f"{key}-share"] = (share_txt, f"{UNMEASURED}: experts' FLOPs are 0")
+    elif not (sav.get("joint_flops") or 0) > 0:  # the target is the initial accuracy: reached for free, no share
+        out[f"{key}-share"] = (share_txt, f"{UNMEASURED}: {sav.get('reason', 'joint GRPO never improved')}")
     else:
         out[f"{key}-share"] = (f"{share_txt} ({100 * s:.1f}% of experts; threshold {100 * limit:g}%)",
                                HOLDS if s < limit else f"{FAILS}: share >= {100 * limit:g}%", limit - s, True)
