@@ -161,6 +161,25 @@ def test_cli_prints_one_json_object(curves_csv, capsys) -> None:
     assert json.loads(capsys.readouterr().out)["distill_flops"] == pytest.approx(12.5)
 
 
+def test_cli_reads_held_out_sizes_from_runs_for_the_se_tolerance(curves_csv, tmp_path, capsys) -> None:
+    from opdgrpo.runio import append_jsonl
+
+    runs = tmp_path / "runs"
+    (runs / "joint").mkdir(parents=True)
+    results = [{"eval_domain": d, "eval_set": s, "accuracy": 0.5, "mean_response_length": 1.0, "k": 4, "n_prompts": 25}
+               for d, sets in SETS.items() for s in sets]
+    append_jsonl(runs / "joint" / "evals.jsonl", {"step": 0, "cumulative_flops": 0.0, "results": results})
+    argv = ["--curves", str(curves_csv), "--joint", "joint", "--distill", "distill", "--experts", "e-math", "e-code",
+            "--smooth-window", "1", "--runs", str(runs)]
+    assert main(argv) == 0
+    obj = json.loads(capsys.readouterr().out)
+    # SE at 0.55 with math 2 x (25 x 4) and code 1 x (25 x 4): sqrt(0.2475 (0.25 (2/100) / 4 + (1/100) / 4))
+    se = (0.2475 * (0.25 * 0.02 / 4 + 0.01 / 4)) ** 0.5
+    assert obj["eval_se"] == pytest.approx(se) and obj["threshold_accuracy"] == pytest.approx(0.55 - se)
+    assert main([*argv, "--tolerance-se", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["threshold_accuracy"] == pytest.approx(0.55)
+
+
 def test_cli_errors_exit_nonzero(curves_csv, tmp_path, capsys) -> None:
     assert main(["--curves", str(curves_csv), "--joint", "joint", "--distill", "ghost", "--experts", "e-math"]) != 0
     err = capsys.readouterr()
