@@ -95,6 +95,8 @@ def test_two_seeds_decide_by_interval_else_indicative_when_they_agree():
     assert _combine([(0, "a", "holds", 0.1, True), (1, "b", "does not hold", -0.1, True)])[1].startswith(
         "inconclusive")
     assert _combine([(0, "a", "holds"), (1, "b", "holds")])[1] == "holds (indicative: 2 seeds)"
+    assert _combine([(0, "a", "does not hold: x"), (1, "b", "does not hold: y")])[1] == (
+        "does not hold (indicative: 2 seeds) for any of 2 seeds (seed 0: x)")
 
 
 def test_constraints_table_shows_first_and_last_rates_per_kind(tmp_path):

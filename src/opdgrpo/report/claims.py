@@ -72,10 +72,10 @@ def _savings_for(rows: list[Mapping[str, Any]], key: str, seed: Any) -> dict[str
 
 def indicative(verdict: str, note: str = ONE_SEED) -> str:
     """``holds (indicative: one seed)``, ``does not hold (indicative: one seed): why``; "not measured" unchanged."""
-    if verdict.startswith(UNMEASURED):
-        return verdict
-    word, sep, why = verdict.partition(":")
-    return f"{word} ({note}){sep}{why}"
+    for word in (FAILS, HOLDS, INCONCLUSIVE):
+        if verdict.startswith(word):
+            return f"{word} ({note}){verdict[len(word):]}"
+    return verdict
 
 
 def _why(verdict: str) -> str:

@@ -117,7 +117,10 @@ class ConsolidationStudy(Study[ConsolidationEntry]):
         for field in ("joint", "distill", "experts"):
             if field not in entry:
                 raise ReportInputError(f"report spec: study {self.name} is missing key '{field}'")
-        rule = MatchRule.of(entry)
+        try:
+            rule = MatchRule.of(entry)
+        except ValueError as exc:
+            raise ReportInputError(f"report spec: study {self.name}: {exc}") from exc
         domains = list(entry.get("domains") or dict.fromkeys(run_curve(curves, entry["joint"])["eval_domain"]))
         result = compute_savings(
             curves, entry["joint"], entry["distill"], list(entry["experts"]), domains, rule.tolerance_points,
