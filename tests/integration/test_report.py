@@ -22,6 +22,7 @@ from opdgrpo.report.curves import (
     load_final_flops,
     mix_accuracy,
 )
+from opdgrpo.report.matching import eval_sizes
 from opdgrpo.report.plots import Line, Panel, render
 from opdgrpo.report.savings import compute_savings
 
@@ -36,7 +37,7 @@ def eval_record(step: int, flops: float, accs: dict[str, float], length: float =
         offs = [0.02, -0.02] if len(SETS[domain]) == 2 else [0.0]
         for s, off in zip(SETS[domain], offs):
             results.append({"eval_domain": domain, "eval_set": s, "accuracy": acc + off,
-                            "mean_response_length": length, "k": 4, "n_prompts": 10})
+                            "mean_response_length": length, "k": 4, "n_prompts": 150})
     return {"step": step, "cumulative_flops": flops, "eval_flops": 1e9, "results": results}
 
 
@@ -234,7 +235,9 @@ def test_build_report_writes_every_contracted_file(world, tmp_path) -> None:
     # so check against compute_savings with the same override)
     ref = compute_savings(load_curves(json.loads(spec_path.read_text()), runs), "grpo-math+code-s0",
                           "opd-experts-math+code-s0", ["grpo-math-s0", "grpo-code-s0"], ["math", "code"],
-                          expert_final_flops={"grpo-math-s0": 1.6e13, "grpo-code-s0": 1.6e13})
+                          expert_final_flops={"grpo-math-s0": 1.6e13, "grpo-code-s0": 1.6e13},
+                          eval_sizes=eval_sizes(runs / "grpo-math+code-s0"))
+    assert ref["eval_se"] == pytest.approx(row["eval_se"]) and 0 < row["eval_se"] < 0.02  # 150 prompts x 4 samples
     assert row["savings"] == pytest.approx(ref["savings"]) and row["expert_flops"] == pytest.approx(3.2e13)
     assert "| S4 |" in (out / "savings.md").read_text()
 
@@ -247,7 +250,8 @@ def test_build_report_writes_every_contracted_file(world, tmp_path) -> None:
     planned = [ln for ln in table_rows if "is not in the report spec" not in ln]
     studies = json.loads(spec_path.read_text())["studies"]
     assert {ln.split("**")[1] for ln in planned} == {c.id for c in CLAIMS if c.study in studies}
-    assert all(ln.rstrip().endswith("| holds |") for ln in planned), planned
+    assert all(ln.rstrip().endswith("| holds (indicative: one seed) |") for ln in planned), planned
+    assert "Indicative verdicts: one seed" in claims
     assert "Direction tests" in claims
 
 
@@ -291,11 +295,12 @@ def test_s3_ratios_by_hand(tmp_path) -> None:
     write_run(runs, "o8", [(0, 0.0, {"math": 0.2}, 5), (1, 20.0, {"math": 0.5}, 5)])
     entry = {"studies": ["S3"], "method": "opd", "train_domains": ["math"], "seed": 0}
     spec = {"profile": "smoke", "runs": [{"run": r, **entry} for r in ("g", "o1", "o8")],
-            "studies": {"S3": {"domain": "math", "grpo": "g", "teacher": "g", "opd": {"1": "o1", "8": "o8"}}}}
+            "studies": {"S3": {"domain": "math", "grpo": "g", "teacher": "g", "opd": {"1": "o1", "8": "o8"},
+                               "smooth_window": 1, "tolerance_se": 0.0}}}  # raw points: the hand computation
     md = claims_table(spec, load_curves(spec, runs), [])
     rows = {ln.split("**")[1]: ln for ln in md.splitlines() if ln.startswith("| **")}
-    assert "ratio 50.0x" in rows["S3-n1"] and rows["S3-n1"].endswith("| holds |")
-    assert "ratio 5.0x" in rows["S3-n8"] and rows["S3-n8"].endswith("| holds |")
+    assert "ratio 50.0x" in rows["S3-n1"] and rows["S3-n1"].endswith("| holds (indicative: one seed) |")
+    assert "ratio 5.0x" in rows["S3-n8"] and rows["S3-n8"].endswith("| holds (indicative: one seed) |")
     assert "not measured" in rows["S1"] and "`smoke`" in md
     # swap: 8 rollouts cheaper than 1 -> S3-n8 does not hold
     spec["studies"]["S3"]["opd"] = {"1": "o8", "8": "o1"}

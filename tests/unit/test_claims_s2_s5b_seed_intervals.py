@@ -80,7 +80,23 @@ def test_seed_interval_decides_holds_fails_and_inconclusive():
     assert _combine(below)[1] == "does not hold"
     no_margin = [(0, "a", "holds"), (1, "b", "does not hold: never reached")]
     assert _combine(no_margin)[1] == "inconclusive: holds for 1/2 seeds"
-    assert _combine([(0, "a", "holds", 0.1, True)]) == ("a", "holds")  # one seed: its own verdict
+    one = _combine([(0, "a", "holds", 0.1, True)])  # one seed: its own verdict, labelled indicative
+    assert one == ("a", "holds (indicative: one seed)")
+    assert _combine([(0, "a", "does not hold: why")])[1] == "does not hold (indicative: one seed): why"
+    assert _combine([(0, "a", "not measured: why")])[1] == "not measured: why"
+
+
+def test_two_seeds_decide_by_interval_else_indicative_when_they_agree():
+    # margins 0.10 and 0.12: t(1 df) = 12.7, half-width 12.7 * 0.01 = 0.127 > 0.11: the interval spans 0
+    assert _combine([(0, "a", "holds", 0.10, True), (1, "b", "holds", 0.12, True)])[1] == (
+        "holds (indicative: 2 seeds agree, the interval spans 0)")
+    # margins 0.100 and 0.101: half-width 0.006, the interval lies above 0: decided
+    assert _combine([(0, "a", "holds", 0.100, True), (1, "b", "holds", 0.101, True)])[1] == "holds"
+    assert _combine([(0, "a", "holds", 0.1, True), (1, "b", "does not hold", -0.1, True)])[1].startswith(
+        "inconclusive")
+    assert _combine([(0, "a", "holds"), (1, "b", "holds")])[1] == "holds (indicative: 2 seeds)"
+    assert _combine([(0, "a", "does not hold: x"), (1, "b", "does not hold: y")])[1] == (
+        "does not hold (indicative: 2 seeds) for any of 2 seeds (seed 0: x)")
 
 
 def test_constraints_table_shows_first_and_last_rates_per_kind(tmp_path):

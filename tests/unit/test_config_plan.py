@@ -70,6 +70,10 @@ def test_an_opd_edit_changes_only_opd_job_configs():
         ("studies.S2.teacher_bins=0", "studies.S2.teacher_bins"),
         ("studies.S2.low_teacher_subsets=9", "studies.S2.low_teacher_subsets"),
         ("studies.S5.domains=[math,poetry]", "poetry"),
+        ("studies.S4.share_threshold=1.5", "studies.S4.share_threshold"),
+        ("studies.S5.smooth_window=4", "studies.S5.smooth_window"),     # a centred window is odd
+        ("studies.S1.smooth_window=0", "studies.S1.smooth_window"),
+        ("studies.S3.tolerance_se=-1", "studies.S3.tolerance_se"),
     ],
 )
 def test_bad_config_fails_early_naming_the_key(override, message):

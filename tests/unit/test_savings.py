@@ -53,6 +53,8 @@ def make_curves(distill: list[tuple[int, float, dict[str, float]]]) -> pd.DataFr
 
 
 def savings(distill, **kw):
+    """The raw-point rule (no smoothing) the hand computations below use; the smoothed rule: test_verdicts.py."""
+    kw.setdefault("smooth_window", 1)
     return compute_savings(make_curves(distill), "joint", "distill", ["e-math", "e-code"], **kw)
 
 
@@ -88,6 +90,14 @@ def test_never_matched() -> None:
     assert r["distill_flops"] is None and r["pipeline_flops"] is None and r["distill_share"] is None
     assert "distill" in r["reason"] and "never reached" in r["reason"]
     assert r["target_accuracy"] == pytest.approx(0.55) and r["joint_flops"] == 200.0 and r["expert_flops"] == 100.0
+
+
+def test_tolerance_moves_both_sides_to_the_same_threshold() -> None:
+    # threshold 0.55 - 0.05 = 0.50: joint mix 0.45 @100 -> 0.55 @200 crosses it at 150, the distillation at 20
+    r = savings([(0, 0, both(0.2)), (1, 10, both(0.4)), (2, 20, both(0.5))], tolerance=5.0)
+    assert r["threshold_accuracy"] == pytest.approx(0.50)
+    assert r["joint_flops"] == pytest.approx(150.0) and r["distill_flops"] == pytest.approx(20.0)
+    assert r["savings"] == pytest.approx(1 - 120.0 / 150.0)
 
 
 def test_tolerance_in_accuracy_points() -> None:
@@ -139,7 +149,8 @@ def curves_csv(tmp_path):
 
 
 def test_cli_prints_one_json_object(curves_csv, capsys) -> None:
-    argv = ["--curves", str(curves_csv), "--joint", "joint", "--distill", "distill", "--experts", "e-math", "e-code"]
+    argv = ["--curves", str(curves_csv), "--joint", "joint", "--distill", "distill", "--experts", "e-math", "e-code",
+            "--smooth-window", "1"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert len(out.strip().splitlines()) == 1
@@ -148,6 +159,25 @@ def test_cli_prints_one_json_object(curves_csv, capsys) -> None:
     assert main([*argv, "--tolerance", "10"]) == 0
     # threshold 0.55 - 0.10 = 0.45, between 0.4 @10 and 0.6 @20: 10 + 0.05/0.2*10
     assert json.loads(capsys.readouterr().out)["distill_flops"] == pytest.approx(12.5)
+
+
+def test_cli_reads_held_out_sizes_from_runs_for_the_se_tolerance(curves_csv, tmp_path, capsys) -> None:
+    from opdgrpo.runio import append_jsonl
+
+    runs = tmp_path / "runs"
+    (runs / "joint").mkdir(parents=True)
+    results = [{"eval_domain": d, "eval_set": s, "accuracy": 0.5, "mean_response_length": 1.0, "k": 4, "n_prompts": 25}
+               for d, sets in SETS.items() for s in sets]
+    append_jsonl(runs / "joint" / "evals.jsonl", {"step": 0, "cumulative_flops": 0.0, "results": results})
+    argv = ["--curves", str(curves_csv), "--joint", "joint", "--distill", "distill", "--experts", "e-math", "e-code",
+            "--smooth-window", "1", "--runs", str(runs)]
+    assert main(argv) == 0
+    obj = json.loads(capsys.readouterr().out)
+    # SE at 0.55 with math 2 x (25 x 4) and code 1 x (25 x 4): sqrt(0.2475 (0.25 (2/100) / 4 + (1/100) / 4))
+    se = (0.2475 * (0.25 * 0.02 / 4 + 0.01 / 4)) ** 0.5
+    assert obj["eval_se"] == pytest.approx(se) and obj["threshold_accuracy"] == pytest.approx(0.55 - se)
+    assert main([*argv, "--tolerance-se", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["threshold_accuracy"] == pytest.approx(0.55)
 
 
 def test_cli_errors_exit_nonzero(curves_csv, tmp_path, capsys) -> None:
@@ -162,7 +192,7 @@ def test_cli_errors_exit_nonzero(curves_csv, tmp_path, capsys) -> None:
 
 def test_python_dash_m_entry(curves_csv) -> None:
     cmd = [sys.executable, "-m", "opdgrpo.report.savings", "--curves", str(curves_csv), "--joint", "joint",
-           "--distill", "distill", "--experts", "e-math", "e-code"]
+           "--distill", "distill", "--experts", "e-math", "e-code", "--smooth-window", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["pipeline_flops"] == pytest.approx(117.5)

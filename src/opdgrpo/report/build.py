@@ -148,8 +148,10 @@ def seed_summary_row(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     has no saving to average): otherwise the row says how many matched."""
     first = per_seed[0]
     row: dict[str, Any] = {k: first.get(k) for k in ("study", "domains", "paper_savings", "paper_distill_share",
-                                                       "tolerance_points")}
-    for k in ("target_accuracy", "joint_flops", "expert_flops", "distill_flops", "pipeline_flops", "distill_share"):
+                                                       "tolerance_points", "smooth_window", "tolerance_se",
+                                                       "share_threshold")}
+    for k in ("target_accuracy", "joint_flops", "expert_flops", "distill_flops", "pipeline_flops", "distill_share",
+              "threshold_accuracy", "eval_se"):
         values = [r.get(k) for r in per_seed]
         row[k] = float(np.mean(values)) if all(v is not None for v in values) else None
     matched = [r["savings"] for r in per_seed if r.get("savings") is not None]
@@ -169,11 +171,14 @@ def savings_markdown(rows: Sequence[Mapping[str, Any]], profile: str) -> str:
     lines = [
         f"# Matched-FLOP savings (profile `{profile}`)",
         "",
-        "Target = joint GRPO's best mix accuracy (mix = mean of domains, domain = mean of its held-out sets). "
-        "Pipeline = experts' final training FLOPs + distillation FLOPs where its mix accuracy first reaches the "
-        "target (minus the tolerance, in accuracy points), linearly interpolated between evaluation points. "
-        "Savings = 1 - pipeline / joint FLOPs at the target; distill share = distillation / experts. "
-        "Numbers are measured from this run's run directories.",
+        "Target = joint GRPO's best mix accuracy on its smoothed curve (a centred moving average over the study's "
+        "`smooth_window` evaluation points; mix = mean of domains, domain = mean of its held-out sets). A run "
+        "reaches the target where its smoothed mix accuracy first comes within the tolerance of it: `tolerance_se` "
+        "binomial standard errors of one evaluation point, SE = sqrt(p(1-p) sum_d sum_s 1/(D^2 S_d^2 n_s k_s)) for "
+        "n_s prompts and k_s samples per held-out set, plus `tolerance` accuracy points; linearly interpolated "
+        "between evaluation points, the same threshold for joint GRPO and the distillation. Pipeline = experts' "
+        "final training FLOPs + distillation FLOPs to the target. Savings = 1 - pipeline / joint FLOPs to the "
+        "target; distill share = distillation / experts. Numbers are measured from this run's run directories.",
         "",
     ]
     if not rows:
@@ -202,8 +207,12 @@ def savings_markdown(rows: Sequence[Mapping[str, Any]], profile: str) -> str:
             f"| {format_flops(r['pipeline_flops'])} | {saving.replace('|', '/')} | {pct(r['distill_share'])} "
             f"| {pct(r['paper_savings'])} | {pct(r['paper_distill_share'])} |"
         )
-    tols = {r["tolerance_points"] for r in rows}
-    lines += ["", f"Tolerance (accuracy points): {', '.join(f'{t:g}' for t in sorted(tols))}.", ""]
+    rules = sorted({(r.get("smooth_window"), r.get("tolerance_se"), r["tolerance_points"]) for r in rows}, key=str)
+    said = "; ".join(f"smoothed over {w} points, tolerance {se} SE + {t:g} accuracy points" for w, se, t in rules)
+    ses = [f"{r['study']} (seed {r.get('seed')}) {100 * r['eval_se']:.2f} pts" for r in rows
+           if r.get("eval_se") is not None and r.get("seed") != "all"]
+    lines += ["", f"Matching rule: {said}." + (f" One evaluation's SE at the target: {', '.join(ses)}." if ses else ""),
+              ""]
     return "\n".join(lines)
 
 

@@ -8,7 +8,10 @@ runs every registered study's evaluator seed by seed, merges the seeds' verdicts
 the table. Accuracy of a domain = mean of its held-out sets; "first reaches" = linearly interpolated as in
 :mod:`opdgrpo.report.savings`.
 
-Verdicts are ``holds``, ``does not hold: <why>`` or ``not measured: <why>`` (study absent, a run lacks the domain).
+Verdicts are ``holds``, ``does not hold: <why>``, ``inconclusive: <why>`` or ``not measured: <why>`` (study absent,
+a run lacks the domain). A verdict from one seed is labelled ``(indicative: one seed)`` and claims.md says so at the
+top (:func:`seeds_note`); with 3 or more seeds the 95% interval over seeds decides; with 2 seeds an interval that
+spans the threshold leaves an indicative verdict where the seeds agree (:func:`_combine`).
 """
 
 from __future__ import annotations
@@ -28,11 +31,17 @@ from opdgrpo.studies.base import ClaimDef
 CLAIMS: list[ClaimDef] = [claim for study in REGISTRY.values() for claim in study.claims]
 
 _SEEDS_RULE = (
-    "With several seeds each test gives a margin per seed (positive iff it holds): the claim holds when the "
+    "With one seed every verdict is indicative (it says which way this run went, with no interval). With several "
+    "seeds each test gives a margin per seed (positive iff it holds): with 3 or more seeds the claim holds when the "
     "95% t interval of the margin over seeds lies above 0, does not hold when it lies at or below 0, and is "
-    "inconclusive when it spans 0; tests without a margin hold iff they hold for every seed, and are inconclusive when "
-    "seeds disagree."
+    "inconclusive when it spans 0; with 2 seeds the interval (t with 1 degree of freedom) decides only when it "
+    "excludes 0, and otherwise two seeds that agree give an indicative verdict. Tests without a margin hold iff they "
+    "hold for every seed, and are inconclusive when seeds disagree. Savings and S3's crossings read smoothed curves "
+    "and count a target as reached within one binomial standard error of one evaluation (docs/method.md)."
 )
+
+#: The label of a verdict from one seed: it shows a direction, no interval decides it.
+ONE_SEED = "indicative: one seed"
 
 #: The paragraph under the table: each study's direction tests (by its rank), then the rule for several seeds.
 DIRECTION_TESTS = " ".join(
@@ -61,39 +70,84 @@ def _savings_for(rows: list[Mapping[str, Any]], key: str, seed: Any) -> dict[str
     return {key: mine[0]} if mine else {}
 
 
+def indicative(verdict: str, note: str = ONE_SEED) -> str:
+    """``holds (indicative: one seed)``, ``does not hold (indicative: one seed): why``; "not measured" unchanged."""
+    for word in (FAILS, HOLDS, INCONCLUSIVE):
+        if verdict.startswith(word):
+            return f"{word} ({note}){verdict[len(word):]}"
+    return verdict
+
+
+def _why(verdict: str) -> str:
+    return verdict.split(":", 1)[1].strip() if ":" in verdict else verdict
+
+
 def _combine(per_seed: list[tuple]) -> tuple[str, str]:
     """Merge one claim's per-seed results ``(seed, ours, verdict[, margin, strict])`` into (ours, verdict).
 
-    One seed: its own verdict. Several: when every seed gives a margin (a number that is > 0, or >= 0 when not
-    strict, exactly when the claim holds for that seed), the verdict is the 95% t interval's over seeds (holds /
-    does not hold / inconclusive, :func:`~opdgrpo.report.uncertainty.interval_verdict`). Otherwise it holds iff every
+    One seed: its own verdict, labelled indicative. Several: when every seed gives a margin (a number that is > 0,
+    or >= 0 when not strict, exactly when the claim holds for that seed), the verdict is the 95% t interval's over
+    seeds (holds / does not hold / inconclusive, :func:`~opdgrpo.report.uncertainty.interval_verdict`); with two
+    seeds an interval that spans 0 leaves an indicative verdict when both seeds agree. Otherwise it holds iff every
     seed holds, does not hold iff none does, and is inconclusive when seeds disagree.
     """
     if len(per_seed) == 1:
-        return per_seed[0][1], per_seed[0][2]
+        return per_seed[0][1], indicative(per_seed[0][2])
     ours = "; ".join(f"seed {r[0]}: {r[1]}" for r in per_seed)
-    verdicts = [r[2] for r in per_seed]
     unmeasured = [(r[0], r[2]) for r in per_seed if r[2].startswith(UNMEASURED)]
-
-    def why(verdict: str) -> str:
-        return verdict.split(":", 1)[1].strip() if ":" in verdict else verdict
-
     if unmeasured:
-        return ours, f"{UNMEASURED} for seed {unmeasured[0][0]}: {why(unmeasured[0][1])}"
+        return ours, f"{UNMEASURED} for seed {unmeasured[0][0]}: {_why(unmeasured[0][1])}"
     margins = [r[3] if len(r) > 3 else None for r in per_seed]
     if all(m is not None and math.isfinite(m) for m in margins):
         mean, lo, hi = mean_interval(margins)
-        strict = bool(per_seed[0][4])
-        verdict = interval_verdict(lo, hi, 0.0, strict=strict)
+        verdict = interval_verdict(lo, hi, 0.0, strict=bool(per_seed[0][4]))
         summary = f"margin {mean:+.3g}, 95% interval [{lo:+.3g}, {hi:+.3g}] over {len(per_seed)} seeds"
-        return f"{summary}; {ours}", verdict if verdict != INCONCLUSIVE else f"{INCONCLUSIVE}: the interval spans 0"
+        if verdict == INCONCLUSIVE:
+            verdict = _agreeing_pair(per_seed) or f"{INCONCLUSIVE}: the interval spans 0"
+        return f"{summary}; {ours}", verdict
+    return ours, _by_agreement(per_seed)
+
+
+def _agreeing_pair(per_seed: list[tuple]) -> str | None:
+    """Two seeds whose interval spans 0 but whose verdicts agree: that verdict, labelled indicative."""
+    if len(per_seed) != 2:
+        return None
+    holding = [r[2] == HOLDS for r in per_seed]
+    if all(holding):
+        return indicative(HOLDS, "indicative: 2 seeds agree, the interval spans 0")
+    if not any(holding):
+        return indicative(FAILS, "indicative: 2 seeds agree, the interval spans 0")
+    return None
+
+
+def _by_agreement(per_seed: list[tuple]) -> str:
+    """Tests without a margin: holds iff every seed holds, does not hold iff none does (indicative with 2 seeds)."""
+    verdicts = [r[2] for r in per_seed]
     holding = sum(v == HOLDS for v in verdicts)
+    note = "indicative: 2 seeds" if len(per_seed) == 2 else None
     if holding == len(verdicts):
-        return ours, HOLDS
+        return indicative(HOLDS, note) if note else HOLDS
     if holding == 0:
         failing = next(r for r in per_seed if r[2] != HOLDS)
-        return ours, f"{FAILS} for any of {len(per_seed)} seeds (seed {failing[0]}: {why(failing[2])})"
-    return ours, f"{INCONCLUSIVE}: holds for {holding}/{len(verdicts)} seeds"
+        verdict = f"{FAILS} for any of {len(per_seed)} seeds (seed {failing[0]}: {_why(failing[2])})"
+        return indicative(verdict, note) if note else verdict
+    return f"{INCONCLUSIVE}: holds for {holding}/{len(verdicts)} seeds"
+
+
+def seeds_note(spec: Mapping[str, Any]) -> str:
+    """The paragraph at the top of claims.md saying how many seeds the verdicts rest on and what that allows."""
+    counts = [len(study_instances(e)) for k, e in (spec.get("studies") or {}).items() if k in REGISTRY]
+    n = max(counts, default=1)
+    if n == 1:
+        return ("**Indicative verdicts: one seed.** Every verdict below rests on one seed (one training run per "
+                "method, each evaluation point one avg@k draw), so it says which way this run went, not whether the "
+                "direction survives another seed; each says \"indicative: one seed\". Three or more seeds (profile "
+                "`tiny-seeds`) decide holds / does not hold / inconclusive by 95% intervals.")
+    if n == 2:
+        return ("**Two seeds.** A verdict is decided where the 95% t interval over the two seeds (1 degree of freedom) "
+                "excludes the threshold; where it spans it, two seeds that agree give an indicative verdict. Three "
+                "or more seeds are needed for intervals that usually decide.")
+    return f"**{n} seeds.** Verdicts are decided by 95% intervals over seeds (holds / does not hold / inconclusive)."
 
 
 def evaluate_claims(
@@ -147,6 +201,8 @@ def claims_table(
         "",
         f"The *ours* column is measured from the run directories of this run (profile `{profile}`), not copied from "
         "the paper. Small profiles use tiny models on synthetic tasks, so compare directions, not magnitudes.",
+        "",
+        seeds_note(spec),
         "",
         "| claim | paper | ours | holds? |",
         "|---|---|---|---|",

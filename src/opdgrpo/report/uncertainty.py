@@ -9,7 +9,9 @@ say how much a finding depends on training randomness, not on the choice of base
   10 distinct resamples exist, so the bootstrap interval is coarse; it is reported beside the t interval's verdict.
 * Verdict: a claim *holds* when its whole interval lies on the claim's side of the threshold, *does not hold* when
   the whole interval lies on the other side, and is *inconclusive* when the interval straddles it. One seed gives no
-  interval: the verdict then follows the single value, and the table says "1 seed".
+  interval: the verdict then follows the single value, labelled "indicative: one seed"; two seeds give an interval
+  with one degree of freedom, which decides only when it excludes the threshold (else agreeing seeds give an
+  indicative verdict; :func:`opdgrpo.report.claims._combine`).
 """
 
 from __future__ import annotations

@@ -128,6 +128,27 @@ class Study(Generic[Entry]):
         return {}
 
 
+#: Study keys of the matching rule (:mod:`opdgrpo.report.matching`) that the plan copies into a report-spec entry;
+#: the report gives an entry without them the rule's defaults.
+MATCHING_KEYS = ("tolerance", "smooth_window", "tolerance_se", "share_threshold")
+
+
+def matching_keys(block: Mapping[str, Any]) -> dict[str, Any]:
+    """The matching-rule keys a study's conf block sets (``tolerance`` always, 0 when unset)."""
+    out = {k: block[k] for k in MATCHING_KEYS if block.get(k) is not None}
+    out["tolerance"] = float(block.get("tolerance") or 0.0)
+    return out
+
+
+def check_smooth_window(cfg: Mapping[str, Any], name: str) -> None:
+    """``studies.<name>.smooth_window`` must be odd: the moving average is centred on each evaluation point."""
+    from opdgrpo.config import ConfigError
+
+    window = cfg["studies"][name].get("smooth_window")
+    if window is not None and window % 2 == 0:
+        raise ConfigError(f"config key `studies.{name}.smooth_window` must be odd (a centred window), got {window}")
+
+
 def study_student(block: Mapping[str, Any]) -> str:
     """The model a study trains (``studies.<S>.student``; the model named ``student`` by default)."""
     return str(block.get("student") or "student")

@@ -7,9 +7,10 @@ S1b's extra length claim.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NotRequired, TypedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from .base import CostSheet, Study
+from .base import CostSheet, Study, check_smooth_window
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -33,12 +34,17 @@ class ComparisonEntry(TypedDict):
     title: str
     comparisons: list[Comparison]
     base_length_run: NotRequired[str | None]   # never planned; a hand-written spec may name the base student's run
+    smooth_window: NotRequired[int]            # peaks read from centred moving averages over this many points
 
 
 class ComparisonStudy(Study[ComparisonEntry]):
     """S1-style study: GRPO vs external-teacher OPD per domain."""
 
     run_keys = frozenset({"grpo", "opd", "teacher", "base_length_run"})
+
+    def validate(self, cfg: dict[str, Any]) -> None:
+        """``smooth_window`` must be odd (a centred window); the schema checked the rest."""
+        check_smooth_window(cfg, self.name)
 
     def cost_rows(self, entry: ComparisonEntry, sheet: CostSheet) -> None:
         """Each run, and OPD's multiple of GRPO; a GRPO-trained teacher's own run listed as not counted."""
@@ -78,23 +84,31 @@ def _comparison_panels(study: ComparisonEntry, ctx: PlotContext, value: str) -> 
     return panels
 
 
+def window_key(block: Mapping[str, Any]) -> dict[str, int]:
+    """The ``smooth_window`` a study's conf block sets, for its report-spec entry (none: the report's default)."""
+    return {"smooth_window": int(block["smooth_window"])} if block.get("smooth_window") is not None else {}
+
+
 def loses_per_flop(study: ComparisonEntry, curves: pd.DataFrame) -> tuple:
     """The S1 test over a comparison entry: for every domain and OPD teacher, GRPO's best accuracy within the FLOPs
-    of OPD's peak is at least that peak. Returns (ours, verdict, margin = worst GRPO - OPD gap, strict=False)."""
+    of OPD's peak is at least that peak, both read from curves smoothed over the entry's ``smooth_window`` points
+    (:mod:`opdgrpo.report.matching`: a peak of raw points is the luckiest draw). Returns (ours, verdict,
+    margin = worst GRPO - OPD gap, strict=False)."""
     from opdgrpo.report.curves import domain_curve, format_flops, format_pct
+    from opdgrpo.report.matching import DEFAULT_SMOOTH_WINDOW, smooth
     from opdgrpo.report.savings import best_point
-    from opdgrpo.report.uncertainty import FAILS, HOLDS, UNMEASURED
 
+    window = int(study.get("smooth_window", DEFAULT_SMOOTH_WINDOW))
     parts, failures, margins = [], [], []
     for comp in study.get("comparisons", []):
         domain = comp["domain"]
         grpo = domain_curve(curves, comp["grpo"], domain)
-        g_best = best_point(grpo["cumulative_flops"], grpo["accuracy"])
+        g_acc = smooth(grpo["accuracy"].tolist(), window)
+        g_best = best_point(grpo["cumulative_flops"], g_acc)
         for label, run in comp.get("opd", {}).items():
             opd = domain_curve(curves, run, domain)
-            a_opd, f_opd = best_point(opd["cumulative_flops"], opd["accuracy"])
-            within = grpo[grpo["cumulative_flops"] <= f_opd]
-            g_within = float(within["accuracy"].max())
+            a_opd, f_opd = best_point(opd["cumulative_flops"], smooth(opd["accuracy"].tolist(), window))
+            g_within = max(a for f, a in zip(grpo["cumulative_flops"], g_acc) if f <= f_opd)
             ok = g_within >= a_opd - 1e-9
             margins.append(g_within - a_opd)
             parts.append(
@@ -104,7 +118,14 @@ def loses_per_flop(study: ComparisonEntry, curves: pd.DataFrame) -> tuple:
             )
             if not ok:
                 failures.append(f"{domain}/{label}")
+    return _loses_verdict(parts, failures, margins, window)
+
+
+def _loses_verdict(parts: list[str], failures: list[str], margins: list[float], window: int) -> tuple:
+    from opdgrpo.report.uncertainty import FAILS, HOLDS, UNMEASURED
+
     if not parts:
         return "no comparisons in the spec", f"{UNMEASURED}: the study lists no comparisons"
+    parts[-1] += f" (curves smoothed over {window} points)"
     verdict = HOLDS if not failures else f"{FAILS}: OPD's peak beats GRPO at equal FLOPs on {', '.join(failures)}"
     return "; ".join(parts), verdict, min(margins), False

@@ -2,10 +2,14 @@
 student, against joint GRPO on the mix of the same domains. The paper's headline: matched-FLOP savings
 (:func:`opdgrpo.report.savings.compute_savings`, DESIGN.md's contract).
 
-* **<S>-share**: distill share (distillation FLOPs to the target / experts' final FLOPs) < 1.
-* **<S>-savings**: savings = 1 - (experts' final FLOPs + distillation FLOPs to joint GRPO's best mix accuracy) /
-  joint GRPO's FLOPs to that accuracy > 0. A distillation that never reaches the target means the pipeline never
-  matches joint GRPO: the claim does not hold.
+* **<S>-share**: distill share (distillation FLOPs to the target / experts' final FLOPs) < ``share_threshold``
+  (15% by default, :data:`opdgrpo.report.matching.DEFAULT_SHARE_THRESHOLD`: the paper's "small fraction" is 5.2% and
+  8.0%; any share below 100% would not test it). Margin: threshold - share.
+* **<S>-savings**: savings = 1 - (experts' final FLOPs + distillation FLOPs to the target) / joint GRPO's FLOPs to
+  the target > 0, the target being joint GRPO's best *smoothed* mix accuracy and "reaching" it coming within the
+  evaluation's standard error (:mod:`opdgrpo.report.matching`, keys ``smooth_window``, ``tolerance_se``,
+  ``tolerance``). A distillation that never reaches the target means the pipeline never matches joint GRPO: the
+  claim does not hold.
 
 A subclass sets the study's name, its claim rows and the paper's numbers (:class:`PaperSavings`).
 """
@@ -14,9 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, NotRequired, TypedDict
 
-from .base import CostSheet, Study, Verdicts, into, study_student
+from .base import CostSheet, Study, Verdicts, check_smooth_window, into, matching_keys, study_student
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,6 +40,10 @@ class ConsolidationEntry(TypedDict):
     distill: str          # multi-teacher OPD of the experts
     experts: list[str]    # one GRPO run per domain, in ``domains`` order
     tolerance: float      # accuracy points below the joint target still counted as matched
+    smooth_window: NotRequired[int]       # evaluation points in the centred moving average (absent: the default)
+    tolerance_se: NotRequired[float]      # standard errors of one evaluation below the target still matched
+    share_threshold: NotRequired[float]   # <S>-share holds below this distillation / experts share
+    eval_sizes: NotRequired[dict[str, dict[str, list[int]]]]  # the joint run's held-out sizes (attached by the report)
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,18 @@ class ConsolidationStudy(Study[ConsolidationEntry]):
 
     run_keys = frozenset({"joint", "distill", "experts"})
     paper: ClassVar[PaperSavings]
+    schema = {
+        "type": "object",
+        "properties": {
+            "share_threshold": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
+                                "description": "<S>-share holds when distillation FLOPs / experts' FLOPs is below "
+                                               "this (the paper's 'small fraction': 5.2% and 8.0%)"},
+        },
+    }
+
+    def validate(self, cfg: dict[str, Any]) -> None:
+        """``smooth_window`` must be odd (a centred window); the schema checked the rest."""
+        check_smooth_window(cfg, self.name)
 
     def plan(self, planner: Planner, s: Mapping[str, Any], seed: int) -> ConsolidationEntry:
         """One GRPO expert per domain (shared with S1/S3 and the other consolidation study), joint GRPO on the mix,
@@ -66,7 +87,13 @@ class ConsolidationStudy(Study[ConsolidationEntry]):
                               {d: f"run:{e.id}" for d, e in zip(domains, experts)},
                               {"steps": s.get("distill_steps")}, label="multi-teacher OPD", train_overrides=train)
         return ConsolidationEntry(title=s["title"], domains=domains, joint=joint.id, distill=distill.id,
-                                  experts=[e.id for e in experts], tolerance=float(s.get("tolerance", 0.0)))
+                                  experts=[e.id for e in experts], **matching_keys(s))
+
+    def attach(self, entry: ConsolidationEntry, runs_dir: Path) -> None:
+        """The joint run's held-out sizes (n prompts, k per set), for the standard error of the target."""
+        from opdgrpo.report.matching import eval_sizes
+
+        entry["eval_sizes"] = eval_sizes(Path(runs_dir) / entry["joint"])
 
     def cost_rows(self, entry: ConsolidationEntry, sheet: CostSheet) -> None:
         """The experts' total, the distillation, its share of the experts, joint GRPO, the pipeline (experts +
@@ -84,16 +111,21 @@ class ConsolidationStudy(Study[ConsolidationEntry]):
                     final_flops: Mapping[str, float]) -> dict[str, Any]:
         """The savings row of one per-seed entry: matched-FLOP savings with domains, paper values and status."""
         from opdgrpo.report.curves import ReportInputError, instance_seed, run_curve
+        from opdgrpo.report.matching import DEFAULT_SHARE_THRESHOLD, MatchRule
         from opdgrpo.report.savings import SAVINGS_COLUMNS, compute_savings
 
         for field in ("joint", "distill", "experts"):
             if field not in entry:
                 raise ReportInputError(f"report spec: study {self.name} is missing key '{field}'")
-        tol = float(entry.get("tolerance", 0.0))
+        try:
+            rule = MatchRule.of(entry)
+        except ValueError as exc:
+            raise ReportInputError(f"report spec: study {self.name}: {exc}") from exc
         domains = list(entry.get("domains") or dict.fromkeys(run_curve(curves, entry["joint"])["eval_domain"]))
         result = compute_savings(
-            curves, entry["joint"], entry["distill"], list(entry["experts"]), domains, tol,
+            curves, entry["joint"], entry["distill"], list(entry["experts"]), domains, rule.tolerance_points,
             {e: final_flops[e] for e in entry["experts"] if e in final_flops},
+            smooth_window=rule.window, tolerance_se=rule.tolerance_se, eval_sizes=entry.get("eval_sizes"),
         )
         return {
             "study": self.name,
@@ -101,7 +133,10 @@ class ConsolidationStudy(Study[ConsolidationEntry]):
             **{k: result.get(k) for k in SAVINGS_COLUMNS if k in result},
             "paper_savings": self.paper.savings,
             "paper_distill_share": self.paper.distill_share,
-            "tolerance_points": tol,
+            "tolerance_points": rule.tolerance_points,
+            "smooth_window": rule.window,
+            "tolerance_se": rule.tolerance_se,
+            "share_threshold": float(entry.get("share_threshold", DEFAULT_SHARE_THRESHOLD)),
             "status": "matched" if result.get("savings") is not None else "not matched",
             "reason": result.get("reason", ""),
             "seed": instance_seed(dict(spec), dict(entry)),
@@ -163,17 +198,18 @@ def _mix_panel(key: str, entry: ConsolidationEntry, ctx: PlotContext) -> Panel:
     mix.lines.append(shifted)
     mix.vlines.append((expert_flops, f"experts' total {format_flops(expert_flops)}"))
     if sav.get("target_accuracy") is not None:
-        mix.hlines.append((100.0 * sav["target_accuracy"], "target: joint GRPO best"))
-        mix.points.append((sav["joint_flops"], 100.0 * sav["target_accuracy"], "matched points"))
+        level = sav.get("threshold_accuracy", sav["target_accuracy"])  # the target less the tolerance
+        mix.hlines.append((100.0 * sav["target_accuracy"], "target: joint GRPO best (smoothed)"))
+        mix.points.append((sav["joint_flops"], 100.0 * level, "matched points (target - tolerance)"))
         if sav.get("pipeline_flops") is not None:
-            tol = float(entry.get("tolerance", 0.0))
-            mix.points.append((sav["pipeline_flops"], 100.0 * sav["target_accuracy"] - tol, "_nolegend_"))
+            mix.points.append((sav["pipeline_flops"], 100.0 * level, "_nolegend_"))
     return mix
 
 
 def _consolidation_verdicts(key: str, savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
     """``<key>-share`` and ``<key>-savings`` from the study's savings row (none without a row)."""
     from opdgrpo.report.curves import format_flops, format_pct
+    from opdgrpo.report.matching import DEFAULT_SHARE_THRESHOLD
     from opdgrpo.report.uncertainty import FAILS, HOLDS, UNMEASURED
 
     sav = savings.get(key)
@@ -188,15 +224,18 @@ def _consolidation_verdicts(key: str, savings: Mapping[str, Mapping[str, Any]]) 
         return {f"{key}-share": share, f"{key}-savings": saving}
     out: Verdicts = {}
     s = sav.get("distill_share")
+    limit = float(sav.get("share_threshold") or DEFAULT_SHARE_THRESHOLD)
     share_txt = f"experts {format_flops(expert)}, distillation {format_flops(distill)}"
     if s is None:
         out[f"{key}-share"] = (share_txt, f"{UNMEASURED}: experts' FLOPs are 0")
+    elif not (sav.get("joint_flops") or 0) > 0:  # the target is the initial accuracy: reached for free, no share
+        out[f"{key}-share"] = (share_txt, f"{UNMEASURED}: {sav.get('reason', 'joint GRPO never improved')}")
     else:
-        out[f"{key}-share"] = (f"{share_txt} ({100 * s:.1f}% of experts)", HOLDS if s < 1 else f"{FAILS}: share >= 1",
-                               1 - s, True)
+        out[f"{key}-share"] = (f"{share_txt} ({100 * s:.1f}% of experts; threshold {100 * limit:g}%)",
+                               HOLDS if s < limit else f"{FAILS}: share >= {100 * limit:g}%", limit - s, True)
     sv = sav.get("savings")
     txt = (f"pipeline {format_flops(sav.get('pipeline_flops'))} vs joint {format_flops(sav.get('joint_flops'))} "
-           f"at target mix accuracy {format_pct(sav.get('target_accuracy'))}")
+           f"at target mix accuracy {format_pct(sav.get('target_accuracy'))}{_tolerance_text(sav)}")
     if sv is None:
         out[f"{key}-savings"] = (txt, f"{UNMEASURED}: {sav.get('reason', 'savings undefined')}")
     else:
@@ -204,3 +243,14 @@ def _consolidation_verdicts(key: str, savings: Mapping[str, Mapping[str, Any]]) 
         out[f"{key}-savings"] = (f"{100 * abs(sv):.1f}% {more_or_less} total FLOPs: {txt}",
                                  HOLDS if sv > 0 else f"{FAILS}: the pipeline costs more than joint GRPO", sv, True)
     return out
+
+
+def _tolerance_text(sav: Mapping[str, Any]) -> str:
+    """`` (reached at >= 41.2%: smoothed over 3 points, 1 SE = 1.3 pts)``: how the match was read, for claims.md."""
+    from opdgrpo.report.curves import format_pct
+
+    threshold, se = sav.get("threshold_accuracy"), sav.get("eval_se")
+    if threshold is None:
+        return ""
+    se_txt = f", 1 SE = {100 * float(se):.2f} pts" if se is not None and se == se else ""
+    return f" (reached at >= {format_pct(threshold)}: smoothed over {sav.get('smooth_window')} points{se_txt})"

@@ -1,9 +1,9 @@
 """S1: external-teacher OPD against GRPO in each domain, one OPD run per teacher size (conf/study/s1.yaml).
 
 Claim **S1**: for every compared domain and every OPD teacher, let OPD peak at accuracy ``a_opd`` (its best
-evaluation point, the first if tied) at FLOPs ``F_opd``; GRPO's best accuracy over its evaluation points with
-cumulative FLOPs <= ``F_opd`` must be >= ``a_opd`` (accuracy of a domain = mean of its held-out sets). Holds iff
-true for all pairs.
+evaluation point on its curve smoothed over ``smooth_window`` points, :mod:`opdgrpo.report.matching`, the first if
+tied) at FLOPs ``F_opd``; GRPO's best smoothed accuracy over its evaluation points with cumulative FLOPs <= ``F_opd``
+must be >= ``a_opd`` (accuracy of a domain = mean of its held-out sets). Holds iff true for all pairs.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .base import ClaimDef, Verdicts, into, study_student
-from .comparison import Comparison, ComparisonEntry, ComparisonStudy, loses_per_flop
+from .comparison import Comparison, ComparisonEntry, ComparisonStudy, loses_per_flop, window_key
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,7 +32,8 @@ class S1(ComparisonStudy):
     )
     direction_tests = (
         "**S1/S1b-acc** - for each domain and OPD teacher, GRPO's best accuracy at cumulative FLOPs <= "
-        "those of OPD's peak is >= OPD's peak accuracy (holds iff for all pairs)."
+        "those of OPD's peak is >= OPD's peak accuracy, both on curves smoothed over the study's smooth_window "
+        "evaluation points (holds iff for all pairs)."
     )
     direction_tests_rank = 10
 
@@ -47,7 +48,7 @@ class S1(ComparisonStudy):
                 opd[label] = planner.run(f"opd-{t}-{into(st)}{d}-s{seed}", self.name, "opd", [d], seed, f"base:{st}",
                                          {d: f"base:{t}"}, label=label).id
             comparisons.append(Comparison(domain=d, grpo=grpo.id, opd=opd))
-        return ComparisonEntry(title=s["title"], comparisons=comparisons)
+        return ComparisonEntry(title=s["title"], comparisons=comparisons, **window_key(s))
 
     def evaluate(self, entry: ComparisonEntry, curves: pd.DataFrame,
                  savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .base import ClaimDef, Verdicts, into, study_student
-from .comparison import Comparison, ComparisonEntry, ComparisonStudy, loses_per_flop
+from .comparison import Comparison, ComparisonEntry, ComparisonStudy, loses_per_flop, window_key
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -53,7 +53,7 @@ class S1b(ComparisonStudy):
             opd = planner.run(f"opd-{t}_grpo-{into(st)}{d}-s{seed}", self.name, "opd", [d], seed, f"base:{st}",
                               {d: f"run:{teacher.id}"}, label=label)
             comparisons.append(Comparison(domain=d, grpo=grpo.id, opd={label: opd.id}, teacher=teacher.id))
-        return ComparisonEntry(title=s["title"], comparisons=comparisons)
+        return ComparisonEntry(title=s["title"], comparisons=comparisons, **window_key(s))
 
     def evaluate(self, entry: ComparisonEntry, curves: pd.DataFrame,
                  savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:

@@ -1,9 +1,12 @@
 """S3: self-teacher OPD (conf/study/s3.yaml). The teacher is the student's own GRPO checkpoint in the domain;
 distillation restarts from the base student with each of ``rollouts_per_prompt`` (1 and 8 in the paper).
 
-The teacher's accuracy = the spec's teacher run's accuracy at its final evaluation point, on the study's domain.
-``F_grpo`` / ``F_opd(n)`` = FLOPs at which the GRPO run / the OPD run with ``n`` rollouts per prompt first reaches it
-(linearly interpolated; an optional entry ``tolerance`` in points lowers the bar, default 0).
+Every curve is read smoothed and a target counts as reached within the evaluation's noise
+(:mod:`opdgrpo.report.matching`, keys ``smooth_window``, ``tolerance_se``, ``tolerance``): the teacher's accuracy =
+the spec's teacher run's smoothed accuracy at its final evaluation point, on the study's domain (the mean of its last
+(window + 1) / 2 points); ``F_grpo`` / ``F_opd(n)`` = FLOPs at which the smoothed curve of the GRPO run / of the OPD
+run with ``n`` rollouts per prompt first reaches that accuracy less the slack (``tolerance``/100 + ``tolerance_se``
+x SE, the binomial standard error of one evaluation on the domain's held-out sets), linearly interpolated.
 ratio(n) = F_grpo / F_opd(n). The teacher's own GRPO FLOPs are excluded, as in the paper.
 
 * **S3-n1** holds iff ratio(n_min) > 1;
@@ -19,9 +22,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from .base import ClaimDef, CostSheet, Study, Verdicts, into, study_student
+from .base import ClaimDef, CostSheet, Study, Verdicts, check_smooth_window, into, matching_keys, study_student
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,7 +43,10 @@ class S3Entry(TypedDict):
     grpo: str                    # the student's GRPO run ...
     teacher: str                 # ... which is also the self-teacher
     opd: dict[str, str]          # rollouts per prompt (as a string) -> OPD run
-    tolerance: NotRequired[float]  # accuracy points below the teacher still counted as reaching it (never planned)
+    tolerance: NotRequired[float]  # accuracy points below the teacher still counted as reaching it
+    smooth_window: NotRequired[int]  # evaluation points in the centred moving average (absent: the default)
+    tolerance_se: NotRequired[float]  # standard errors of one evaluation below the teacher still counted
+    eval_sizes: NotRequired[dict[str, dict[str, list[int]]]]  # the teacher run's held-out sizes (attached by the report)
 
 
 class S3(Study[S3Entry]):
@@ -58,7 +65,8 @@ class S3(Study[S3Entry]):
     )
     direction_tests = (
         "**S3** - ratio(n) = FLOPs for GRPO to first reach the teacher's final accuracy / FLOPs for OPD with n "
-        "rollouts/prompt to first reach it (linear interpolation between evaluation points); S3-n1 holds iff "
+        "rollouts/prompt to first reach it (smoothed curves, reached within the evaluation's standard error, linear "
+        "interpolation between evaluation points); S3-n1 holds iff "
         "ratio(n_min) > 1, S3-n8 iff ratio(n_max) > 1 and ratio(n_min) > ratio(n_max), with n_min, n_max the spec's "
         "fewest and most rollouts per prompt (1 and 8 in the paper)."
     )
@@ -74,7 +82,17 @@ class S3(Study[S3Entry]):
             label = f"OPD self n={n}"
             opd[str(n)] = planner.run(f"opd-self_n{n}-{into(st)}{d}-s{seed}", self.name, "opd", [d], seed, f"base:{st}",
                                       {d: f"run:{grpo.id}"}, {"rollouts_per_prompt": n}, label=label).id
-        return S3Entry(title=s["title"], domain=d, grpo=grpo.id, teacher=grpo.id, opd=opd)
+        return S3Entry(title=s["title"], domain=d, grpo=grpo.id, teacher=grpo.id, opd=opd, **matching_keys(s))
+
+    def validate(self, cfg: dict[str, Any]) -> None:
+        """``smooth_window`` must be odd (a centred window); the schema checked the rest."""
+        check_smooth_window(cfg, self.name)
+
+    def attach(self, entry: S3Entry, runs_dir: Path) -> None:
+        """The teacher run's held-out sizes (n prompts, k per set), for the standard error of its accuracy."""
+        from opdgrpo.report.matching import eval_sizes
+
+        entry["eval_sizes"] = eval_sizes(Path(runs_dir) / entry["teacher"])
 
     def cost_rows(self, entry: S3Entry, sheet: CostSheet) -> None:
         """The distillation runs without their self-teacher, and the teacher's GRPO against each."""
@@ -86,6 +104,7 @@ class S3(Study[S3Entry]):
     def figures(self, entry: S3Entry, ctx: PlotContext) -> dict[str, Figure]:
         """GRPO vs self-teacher OPD at each rollout count, with the teacher's final accuracy as a line. The
         distillation curves exclude the teacher's own GRPO FLOPs, as in the paper."""
+        from opdgrpo.report.matching import MatchRule, smooth
         from opdgrpo.report.plots import STEP0_CAPTION, Panel, render
 
         key, domain = self.name, entry["domain"]
@@ -94,8 +113,9 @@ class S3(Study[S3Entry]):
         for n, run in sorted(entry.get("opd", {}).items(), key=lambda kv: _as_int(kv[0])):
             suffix = "rollout" if str(n) == "1" else "rollouts"
             panel.lines.append(ctx.line(run, domain, f"self-teacher OPD, {n} {suffix}/prompt", linestyle="--"))
-        teacher = entry["teacher"]
-        panel.hlines.append((float(ctx.series(teacher, domain).y[-1]), f"teacher ({teacher}) final accuracy"))
+        teacher, window = entry["teacher"], MatchRule.of(entry).window
+        final = smooth(list(ctx.series(teacher, domain).y), window)[-1]  # as the claim reads it
+        panel.hlines.append((float(final), f"teacher ({teacher}) final accuracy, smoothed over {window} points"))
         caption = STEP0_CAPTION + " OPD FLOPs exclude the teacher's own GRPO training, as in the paper."
         return {f"{key}_accuracy": render([panel], f"{key}: {entry.get('title', key)}", caption)}
 
@@ -103,24 +123,29 @@ class S3(Study[S3Entry]):
                  savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
         """FLOPs to the self-teacher's accuracy, OPD (n rollouts) vs GRPO (see the module docstring)."""
         from opdgrpo.report.curves import domain_curve, format_flops, format_pct
+        from opdgrpo.report.matching import MatchRule, mix_se, smooth
         from opdgrpo.report.savings import first_crossing_flops
 
-        domain = entry["domain"]
-        teacher_acc = float(domain_curve(curves, entry["teacher"], domain)["accuracy"].iloc[-1])
-        target = teacher_acc - float(entry.get("tolerance", 0.0)) / 100.0
-        grpo = domain_curve(curves, entry["grpo"], domain)
-        f_grpo = first_crossing_flops(grpo["cumulative_flops"], grpo["accuracy"], target)
-        grpo_total = float(grpo["cumulative_flops"].iloc[-1])
-        head = f"teacher ({entry['teacher']}) {format_pct(teacher_acc)}; GRPO reached it at " + (
+        domain, rule = entry["domain"], MatchRule.of(entry)
+
+        def reached(run: str) -> float | None:
+            c = domain_curve(curves, run, domain)
+            return first_crossing_flops(c["cumulative_flops"], smooth(c["accuracy"].tolist(), rule.window), target)
+
+        teacher_acc = smooth(domain_curve(curves, entry["teacher"], domain)["accuracy"].tolist(), rule.window)[-1]
+        se = mix_se(teacher_acc, entry.get("eval_sizes"), [domain])
+        target = teacher_acc - rule.slack(se)
+        f_grpo = reached(entry["grpo"])
+        grpo_total = float(domain_curve(curves, entry["grpo"], domain)["cumulative_flops"].iloc[-1])
+        se_txt = f", 1 SE = {100 * se:.2f} pts" if se is not None else ""
+        head = (f"teacher ({entry['teacher']}) {format_pct(teacher_acc)} (smoothed over {rule.window} points; reached "
+                f"at >= {format_pct(target)}{se_txt}); GRPO reached it at ") + (
             format_flops(f_grpo) if f_grpo is not None else f"never (> {format_flops(grpo_total)})"
         )
         opd_runs = sorted(entry.get("opd", {}).items(), key=lambda kv: int(str(kv[0])))
         if not opd_runs:
             return {}
-        f_opd: dict[int, float | None] = {}
-        for n, run in opd_runs:
-            c = domain_curve(curves, run, domain)
-            f_opd[int(str(n))] = first_crossing_flops(c["cumulative_flops"], c["accuracy"], target)
+        f_opd = {int(str(n)): reached(run) for n, run in opd_runs}
         ratios = _Ratios(f_grpo, grpo_total, f_opd)
         n1 = int(str(opd_runs[0][0]))
         out: Verdicts = {"S3-n1": ratios.n1_verdict(head, n1)}

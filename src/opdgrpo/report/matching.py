@@ -1,0 +1,135 @@
+"""When does a curve *reach* an accuracy? The matching rule of the savings (S4, S5) and of S3's crossings.
+
+A single evaluation point is one noisy draw: avg@k over n held-out prompts. Taking the best of 41 such points as a
+target picks the luckiest draw (biased upward), and taking the first point at or above a target picks the first
+lucky draw (biased early). The rule below reads targets and crossings from smoothed curves and counts a curve as
+having reached a target when it comes within the evaluation's own noise of it:
+
+* **Smoothing.** Every accuracy curve is replaced by its centred moving average over ``smooth_window`` (odd, default
+  3) evaluation points: point i becomes the mean of the valid points i-h .. i+h, h = (window - 1) / 2, the window
+  truncated at the ends of the curve (the first point averages itself and the next h, the last itself and the
+  previous h). Points whose accuracy is NaN (a domain missing at that point) stay NaN and are skipped as neighbours.
+  ``smooth_window`` = 1 is the raw curve.
+* **Standard error of one evaluation point.** A held-out set with n prompts and k samples per prompt scores avg@k, a
+  mean of n*k rewards. Its binomial standard error at accuracy p is sqrt(p (1 - p) / (n k)), the smallest the
+  error can be (it treats the k samples of a prompt as independent; fully correlated samples would give
+  sqrt(p (1 - p) / n)). A domain's accuracy is the mean of its S held-out sets, a mix's the mean of its D domains,
+  so at accuracy p
+
+      SE(p) = sqrt( p (1 - p) * sum_d (1 / D^2) * sum_{s in d} 1 / (S_d^2 n_s k_s) ),
+
+  with p the target accuracy for every set (when sets differ, p (1 - p) at their mean is about the largest their
+  mean variance can be). n and k are those the run's ``evals.jsonl`` records per set; unknown sizes give no SE.
+* **Tolerance.** A curve has reached target T when its smoothed accuracy is at least
+
+      T - slack,   slack = tolerance / 100 + tolerance_se * SE(T),
+
+  ``tolerance`` in accuracy points (0 by default) and ``tolerance_se`` in standard errors of one evaluation point
+  (1 by default). Both sides of a comparison get the same slack (the joint run's FLOPs to the target are read at
+  the same threshold as the distillation's), so the slack does not favour either method.
+
+Why these defaults (chosen before looking at any verdict): a window of 3 is the smallest centred window; it averages
+the target over three draws (its noise shrinks by about sqrt(3)) while lagging a rising curve by at most one
+evaluation interval, and the shortest curves (a distillation of 100 steps evaluated every 10) have 11 points, so a
+wider window would blur most of their rise. One standard error says "a difference smaller than one evaluation's
+noise is not a difference", the weakest tolerance that still stops a lucky draw from deciding a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Defaults of the study keys ``smooth_window``, ``tolerance_se`` and (S4, S5) ``share_threshold``; conf/study/*.yaml
+#: states the same values and a unit test holds them together.
+DEFAULT_SMOOTH_WINDOW = 3
+DEFAULT_TOLERANCE_SE = 1.0
+#: A distillation "costs a small fraction" of its experts when its share is below this: the paper measured 5.2% (two
+#: domains) and 8.0% (four); 15% is about twice the larger of them, so a reproduction within a factor of two of the
+#: paper's shares holds and one where distillation costs a sizeable part of an expert's training does not.
+DEFAULT_SHARE_THRESHOLD = 0.15
+
+#: Per held-out set of a domain: ``{domain: {set: (n_prompts, k)}}``.
+EvalSizes = Mapping[str, Mapping[str, Sequence[int]]]
+
+
+@dataclass(frozen=True)
+class MatchRule:
+    """The matching rule of one study entry (see the module docstring)."""
+
+    window: int = DEFAULT_SMOOTH_WINDOW
+    tolerance_points: float = 0.0
+    tolerance_se: float = DEFAULT_TOLERANCE_SE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.window, int) or self.window < 1 or self.window % 2 == 0:
+            raise ValueError(f"smooth_window must be an odd integer >= 1, got {self.window!r}")
+        for name in ("tolerance_points", "tolerance_se"):
+            value = getattr(self, name)
+            if value < 0 or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+
+    @classmethod
+    def of(cls, entry: Mapping[str, Any]) -> MatchRule:
+        """The rule a report-spec entry asks for: keys ``smooth_window``, ``tolerance`` (points), ``tolerance_se``;
+        an entry without them (a spec written before they existed) gets the defaults."""
+        return cls(window=int(entry.get("smooth_window", DEFAULT_SMOOTH_WINDOW)),
+                   tolerance_points=float(entry.get("tolerance", 0.0)),
+                   tolerance_se=float(entry.get("tolerance_se", DEFAULT_TOLERANCE_SE)))
+
+    def slack(self, se: float | None) -> float:
+        """Accuracy (a fraction) a curve may fall short of a target by and still reach it; no SE counts as 0."""
+        return self.tolerance_points / 100.0 + (self.tolerance_se * se if se else 0.0)
+
+    def describe(self) -> str:
+        """One phrase for tables: the window and the tolerance."""
+        tol = f"{self.tolerance_se:g} SE" + (f" + {self.tolerance_points:g} pts" if self.tolerance_points else "")
+        return f"{self.window}-point centred moving average, tolerance {tol}"
+
+
+def smooth(accuracy: Sequence[float], window: int) -> list[float]:
+    """Centred moving average over ``window`` (odd) valid points, truncated at the ends; NaN points stay NaN."""
+    if window < 1 or window % 2 == 0:
+        raise ValueError(f"smooth_window must be an odd integer >= 1, got {window}")
+    values = [float(a) for a in accuracy]
+    valid = [i for i, a in enumerate(values) if not math.isnan(a)]
+    h = (window - 1) // 2
+    out = [math.nan] * len(values)
+    for j, i in enumerate(valid):
+        around = [values[valid[m]] for m in range(max(0, j - h), min(len(valid), j + h + 1))]
+        out[i] = math.fsum(around) / len(around)
+    return out
+
+
+def mix_se(accuracy: float, sizes: EvalSizes | None, domains: Sequence[str]) -> float | None:
+    """Binomial standard error of one evaluation point's mix accuracy (module docstring); None when a domain's
+    held-out sizes are unknown."""
+    if not sizes or not domains or math.isnan(accuracy):
+        return None
+    var = 0.0
+    for d in domains:
+        sets = sizes.get(d) or {}
+        if not sets:
+            return None
+        var += math.fsum(1.0 / (int(n) * int(k)) for n, k in sets.values()) / (len(sets) ** 2 * len(domains) ** 2)
+    p = min(max(float(accuracy), 0.0), 1.0)
+    return math.sqrt(p * (1.0 - p) * var)
+
+
+def eval_sizes(run_dir: Path) -> dict[str, dict[str, list[int]]]:
+    """``{domain: {set: [n_prompts, k]}}`` of a run's held-out sets, from the first record of its ``evals.jsonl``
+    (training writes ``n_prompts`` and ``k`` per set); sets without them, and the ``in_domain`` set, left out."""
+    from opdgrpo.runio import IN_DOMAIN_SET, iter_jsonl
+
+    for _, record in iter_jsonl(Path(run_dir) / "evals.jsonl", missing_ok=True):
+        out: dict[str, dict[str, list[int]]] = {}
+        for r in record.get("results", []):
+            n, k = r.get("n_prompts"), r.get("k")
+            if r.get("eval_set") == IN_DOMAIN_SET or not isinstance(n, int) or not isinstance(k, int) or n < 1 or k < 1:
+                continue
+            out.setdefault(str(r["eval_domain"]), {})[str(r["eval_set"])] = [n, k]
+        return out
+    return {}
