@@ -10,7 +10,7 @@ from opdgrpo.config import ConfigError, compose
 from opdgrpo.memory_model import GIB
 from opdgrpo.plan import build_plan
 
-HF = "train.engine=hf ~train.vllm ~train.vllm_alone"   # the project's sampler: its KV cache is the job's
+HF = "train.engine=hf ~train.vllm ~train.vllm_alone train.micro_batches=64"   # the own sampler: 8 rows per call
 
 
 @pytest.fixture(scope="module")
