@@ -73,3 +73,20 @@ def fresh_numerics(monkeypatch):
     numerics.reset()
     yield
     numerics.reset()
+
+
+@pytest.fixture
+def rigged_rewards(monkeypatch) -> None:
+    """Every group's rewards alternate 1, 0, 1, 0, ... whatever was sampled, so every GRPO step has a gradient.
+    Whether a barely pretrained smoke student finds a reward in a few steps depends on the CPU's last bits (see
+    tests/integration/test_distributed.py); tests using this check what the updates do, not the rewards."""
+    from opdgrpo import train as trainer
+
+    sample_and_score = trainer.sample_and_score
+
+    def rigged(*args, **kwargs):
+        scored = sample_and_score(*args, **kwargs)
+        scored.rewards = (torch.arange(len(scored.rewards)) % 2).to(scored.rewards.dtype)
+        return scored
+
+    monkeypatch.setattr(trainer, "sample_and_score", rigged)

@@ -13,7 +13,6 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from opdgrpo import flops as F
-from opdgrpo import train as trainer
 from opdgrpo.inference import FrozenForward
 from opdgrpo.losses import token_logprobs
 from opdgrpo.models import autocast, load_model
@@ -46,21 +45,6 @@ def _record_losses(monkeypatch) -> list[dict]:
 
     monkeypatch.setattr(GRPOObjective, "loss", recording)
     return calls
-
-
-@pytest.fixture
-def rigged_rewards(monkeypatch) -> None:
-    """Every group's rewards alternate 1, 0, 1, 0, ... whatever was sampled, so every step has a gradient. Whether
-    a barely pretrained smoke student finds a reward in a few steps depends on the CPU's last bits (see
-    test_distributed.py); what is tested here is what the updates do, not the rewards."""
-    sample_and_score = trainer.sample_and_score
-
-    def rigged(*args, **kwargs):
-        scored = sample_and_score(*args, **kwargs)
-        scored.rewards = (torch.arange(len(scored.rewards)) % 2).to(scored.rewards.dtype)
-        return scored
-
-    monkeypatch.setattr(trainer, "sample_and_score", rigged)
 
 
 def _shape(record: dict, rows: int) -> tuple[int, int, int]:

@@ -59,19 +59,6 @@ def shapes(monkeypatch) -> list[tuple[int, int]]:
     return seen
 
 
-@pytest.fixture
-def rigged_rewards(monkeypatch) -> None:
-    """Rewards 1, 0, 1, 0, ... in every group, so GRPO has a gradient whatever the smoke student samples."""
-    sample_and_score = trainer.sample_and_score
-
-    def rigged(*args, **kwargs):
-        scored = sample_and_score(*args, **kwargs)
-        scored.rewards = (torch.arange(len(scored.rewards)) % 2).to(scored.rewards.dtype)
-        return scored
-
-    monkeypatch.setattr(trainer, "sample_and_score", rigged)
-
-
 def _compare(tmp_path: Path, teachers: bool) -> None:
     plain, packed = (read_jsonl(tmp_path / n / "ledger.jsonl") for n in ("plain", "packed"))
     assert len(plain) == len(packed) == 2
