@@ -119,7 +119,8 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     tokenizer.save_pretrained(out_dir / "checkpoint")
     with autocast(pre.get("precision", "fp32")):
         results, eval_flops = evaluate(model, tokenizer, domains, heldout, k=int(eval_cfg["k"]),
-                                       temperature=float(eval_cfg["temperature"]), max_new_tokens=48,
+                                       temperature=float(eval_cfg["temperature"]),
+                                       max_new_tokens=int((model_cfg.get("sampling") or {}).get("max_new_tokens", 48)),
                                        batch_size=int(eval_cfg.get("batch_size", 512)), seed=int(cfg["seed"]),
                                        max_batch_tokens=eval_cfg.get("max_batch_tokens"),
                                        budget_key="pretrain.eval.max_batch_tokens",

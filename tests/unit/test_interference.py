@@ -173,7 +173,7 @@ def test_out_of_range_strength_names_the_key(value):
     with pytest.raises(ValueError, match="`interference`"):
         build_domain(load("math", interference=value))
     with pytest.raises(ConfigError, match=r"domains\.math\.interference"):
-        compose(["profile=smoke", f"+domains.math.interference={value}"], ROOT / "conf")
+        compose(["profile=smoke", f"domains.math.interference={value}"], ROOT / "conf")
 
 
 def test_a_hub_domain_refuses_interference():
@@ -182,5 +182,5 @@ def test_a_hub_domain_refuses_interference():
 
 
 def test_smoke_composes_with_interference():
-    cfg = compose(["profile=smoke", "+domains.math.interference=0.5", "+domains.code.interference=0.5"], ROOT / "conf")
+    cfg = compose(["profile=smoke", "domains.math.interference=0.5", "domains.code.interference=0.5"], ROOT / "conf")
     assert cfg["domains"]["math"]["interference"] == 0.5
