@@ -141,8 +141,8 @@ def seeds_note(spec: Mapping[str, Any]) -> str:
     if n == 1:
         return ("**Indicative verdicts: one seed.** Every verdict below rests on one seed (one training run per "
                 "method, each evaluation point one avg@k draw), so it says which way this run went, not whether the "
-                "direction survives another seed; each says \"indicative: one seed\". Three or more seeds (profile "
-                "`tiny-seeds`) decide holds / does not hold / inconclusive by 95% intervals.")
+                "direction survives another seed; each says \"indicative: one seed\". Three or more seeds (the `tiny` "
+                "profile's default) decide holds / does not hold / inconclusive by 95% intervals.")
     if n == 2:
         return ("**Two seeds.** A verdict is decided where the 95% t interval over the two seeds (1 degree of freedom) "
                 "excludes the threshold; where it spans it, two seeds that agree give an indicative verdict. Three "
