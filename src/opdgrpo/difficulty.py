@@ -48,13 +48,14 @@ def solve_rates(model, tokenizer, domain: Domain, tasks: Sequence[Task], *, k: i
     ``progress``: a line in the job's log per batch sampled. ``max_batch_tokens`` (``studies.S2.max_batch_tokens``):
     each batch's KV-cache budget, as in evaluation (:func:`opdgrpo.evaluation.batch_bounds`); the sampled answers
     depend on the batching (one generator draws for every batch), their distribution does not. ``engine``: what
-    samples (:mod:`opdgrpo.engines`, holding ``model``'s weights); None: the project's sampler on ``model``."""
+    samples (:mod:`opdgrpo.engines`, holding ``model``'s weights); None: the project's sampler on ``model``. An
+    engine that schedules its own batches (vLLM) gets all ``len(tasks) x k`` rows in one call."""
     model.eval()
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     repeated = [t for t in tasks for _ in range(k)]
     rewards, flops = [], 0.0
     bounds = batch_bounds(tokenizer, repeated, batch_size=batch_size, max_batch_tokens=max_batch_tokens,
-                          max_new_tokens=max_new_tokens, fmt=fmt, key="studies.S2.max_batch_tokens")
+                          max_new_tokens=max_new_tokens, fmt=fmt, key="studies.S2.max_batch_tokens", engine=engine)
     if progress:
         progress.total = len(bounds)   # the caller's estimate counts batch_size rows per batch
     for batch, (start, end) in enumerate(bounds):

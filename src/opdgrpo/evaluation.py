@@ -11,6 +11,8 @@ Batches are ``batch_size`` rows, or (``max_batch_tokens``, :func:`opdgrpo.packin
 consecutive rows as keep ``rows x (longest prompt + max_new_tokens)`` KV-cache positions within the budget. Greedy
 results (temperature 0) do not depend on the batching; sampled ones do, as a generator's draws depend on the batch
 shapes it samples: a given batching is reproducible, and another one samples other (equally distributed) answers.
+Under ``train.engine: vllm`` a set's rows go to the engine in one call (one per process), which schedules its own
+batches by its KV-cache budget; each row's seed comes from the one generator draw of that call.
 """
 
 from __future__ import annotations
@@ -25,9 +27,15 @@ from .rollout import PromptFormat, encode_prompts, sample_and_score
 
 
 def batch_bounds(tokenizer, repeated: list[Task], *, batch_size: int, max_batch_tokens: int | None,
-                 max_new_tokens: int, fmt: PromptFormat, key: str) -> list[tuple[int, int]]:
+                 max_new_tokens: int, fmt: PromptFormat, key: str, engine=None, shards: int = 1) -> list[tuple[int, int]]:
     """``[start, end)`` of each sampling batch over ``repeated``: ``batch_size`` rows, and within ``max_batch_tokens``
-    KV-cache positions where it is set (the prompts are tokenized once more to know their lengths)."""
+    KV-cache positions where it is set (the prompts are tokenized once more to know their lengths). An ``engine``
+    that schedules its own batches (vLLM, by its KV-cache budget: ``schedules_batches``) gets every row in one call,
+    or with ``shards`` processes one contiguous share per process; ``batch_size`` and ``max_batch_tokens`` then
+    bound nothing."""
+    if getattr(engine, "schedules_batches", False):
+        n, parts = len(repeated), max(1, min(int(shards), len(repeated)))
+        return [(n * i // parts, n * (i + 1) // parts) for i in range(parts)] if n else []
     if max_batch_tokens is None:
         return token_batches([0] * len(repeated), max_new_tokens, batch_size, None)
     lengths = [len(ids) for ids in encode_prompts(tokenizer, repeated, fmt)]
@@ -38,9 +46,10 @@ def _sample_all(model, tokenizer, domains, repeated: list[Task], *, batch_size: 
                 max_batch_tokens: int | None = None, budget_key: str = "train.eval.max_batch_tokens", **kwargs):
     """(rewards, lengths, texts, flops) of every task in ``repeated``, in order."""
     device = next(model.parameters()).device
-    starts = batch_bounds(tokenizer, repeated, batch_size=batch_size, max_batch_tokens=max_batch_tokens,
-                          max_new_tokens=kwargs["max_new_tokens"], fmt=kwargs.get("fmt", PromptFormat()), key=budget_key)
     distributed = workers is not None and workers.distributed
+    starts = batch_bounds(tokenizer, repeated, batch_size=batch_size, max_batch_tokens=max_batch_tokens,
+                          max_new_tokens=kwargs["max_new_tokens"], fmt=kwargs.get("fmt", PromptFormat()), key=budget_key,
+                          engine=kwargs.get("engine"), shards=workers.world if distributed else 1)
     generator = torch.Generator(device=device).manual_seed(seed)
     done: dict[int, tuple[list[float], list[int], list[str]]] = {}
     flops = 0.0

@@ -129,6 +129,54 @@ def test_vllm_serves_evaluation_and_difficulty_as_hf_does_when_greedy(engine_wor
         solve_rates(model, tokenizer, domain, tasks, k=1, **settings)[0]
 
 
+class _Counting:
+    """An engine that records the rows of each ``sample`` call; ``schedules_batches`` overridable, so False gives the
+    batched path evaluation took before vLLM got whole sets (one call per ``batch_size``/``max_batch_tokens`` batch)."""
+
+    def __init__(self, engine, schedules_batches: bool | None = None):
+        self.engine, self.calls = engine, []
+        self.schedules_batches = engine.schedules_batches if schedules_batches is None else schedules_batches
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def sample(self, prompts, **kwargs):
+        self.calls.append(len(prompts))
+        return self.engine.sample(prompts, **kwargs)
+
+
+def test_vllm_evaluates_a_set_in_one_engine_call(engine_world, smoke_world):
+    """Held-out evaluation and S2's solve rates under vllm: one engine call per held-out set (all its k x prompts
+    rows, whatever ``batch_size`` and ``max_batch_tokens`` say), with greedy answers, rewards, lengths and FLOPs equal
+    to the batched vllm path's (one call per batch), and answers, rewards and lengths equal to the hf sampler's."""
+    from opdgrpo.difficulty import solve_rates
+    from opdgrpo.evaluation import _sample_all, evaluate
+
+    model, tokenizer, _, engine = engine_world
+    domain = build_domain(smoke_world[0]["domains"]["math"])
+    sets = {name: tasks[:12] for name, tasks in domain.heldout_sets().items()}   # amc and aime, 12 prompts each
+    settings = {"temperature": 0.0, "max_new_tokens": 16, "batch_size": 5, "seed": 0, "max_batch_tokens": 200}
+    whole, batched = _Counting(engine), _Counting(engine, schedules_batches=False)
+    ours, ours_flops = evaluate(model, tokenizer, {"math": domain}, {"math": sets}, k=2, **settings)
+    one, one_flops = evaluate(model, tokenizer, {"math": domain}, {"math": sets}, k=2, engine=whole, **settings)
+    many, many_flops = evaluate(model, tokenizer, {"math": domain}, {"math": sets}, k=2, engine=batched, **settings)
+    assert whole.calls == [24, 24]                       # one call per set: 12 prompts x k = 2
+    assert len(batched.calls) == 2 * 5 and max(batched.calls) <= 5   # the batched path: at most batch_size rows a call
+    assert one == many == ours
+    assert one_flops == many_flops                       # analytic per row: the batching changes no count
+    repeated = [t for t in sets["amc"] for _ in range(2)]
+    kwargs = {"batch_size": 5, "seed": 0, "workers": None, "max_batch_tokens": 200, "max_new_tokens": 16, "temperature": 0.0}
+    assert _sample_all(model, tokenizer, {"math": domain}, repeated, engine=whole, **kwargs)[:3] == \
+        _sample_all(model, tokenizer, {"math": domain}, repeated, **kwargs)[:3]   # rewards, lengths and texts
+    del settings["max_batch_tokens"]
+    whole.calls.clear()
+    rates_one = solve_rates(model, tokenizer, domain, sets["amc"], k=2, engine=whole, **settings)
+    rates_many = solve_rates(model, tokenizer, domain, sets["amc"], k=2, engine=_Counting(engine, False), **settings)
+    assert whole.calls == [24]
+    assert rates_one == rates_many
+    assert rates_one[0] == solve_rates(model, tokenizer, domain, sets["amc"], k=2, **settings)[0]
+
+
 def test_vllm_follows_an_optimizer_step_in_memory(engine_world):
     """After one AdamW step on the trainer's copy and ``sync``, the engine's log-probs are the updated model's (and
     no longer the old one's); syncing the old weights back restores them."""

@@ -29,6 +29,9 @@ class Engine(Protocol):
     """What the rollout and evaluation code calls; :func:`opdgrpo.sampling.sample`'s keywords, minus the model."""
 
     name: str
+    #: True: the engine schedules its own batches (vLLM, by its KV-cache budget), so evaluation and S2's difficulty
+    #: sampling hand it all of a set's prompts in one call; False: they batch by ``batch_size``/``max_batch_tokens``.
+    schedules_batches: bool
 
     def sample(self, prompts: list[list[int]], *, max_new_tokens: int, eos_token_id: int | Sequence[int],
                pad_token_id: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
@@ -42,6 +45,7 @@ class HFEngine:
     """The project's own sampler on the model itself: :func:`opdgrpo.sampling.sample`, unchanged."""
 
     name = "hf"
+    schedules_batches = False
 
     def __init__(self, model: torch.nn.Module):
         self.model = model

@@ -108,6 +108,7 @@ class VLLMEngine:
     """A vLLM engine over a saved copy of the trainer's model; see the module docstring."""
 
     name = "vllm"
+    schedules_batches = True   # evaluation and S2 hand it a whole set per call (opdgrpo.evaluation.batch_bounds)
 
     def __init__(self, model_dir: Path, config: Any, *, settings: Mapping[str, Any] | None = None, seed: int = 0,
                  device: torch.device | str = "cpu"):
