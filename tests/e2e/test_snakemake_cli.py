@@ -10,28 +10,45 @@ import sys
 from pathlib import Path
 
 import pytest
+from side_by_side import run_side_by_side
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
+TOKENIZER = "results/smoke/base/tokenizer/done.json"
+REFUSED = {"domains.math.kind=algebra": "domains.math.kind", "results_dir=/etc/passwd/x": "results_dir"}
 
 
-@pytest.mark.parametrize("override,message", [
-    ("domains.math.kind=algebra", "domains.math.kind"),
-    ("results_dir=/etc/passwd/x", "results_dir"),
-])
-def test_snakemake_refuses_before_scheduling(tmp_path, override, message):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """Every Snakemake invocation of this module, side by side (each is mostly Snakemake composing the plan and
+    building its DAG, one core each), by name: its directory and its result."""
+    dirs, cmds = {}, {}
+    for override in REFUSED:
+        dirs[override] = tmp_path_factory.mktemp("refused")
+        cmds[override] = [*SNAKEMAKE, "--directory", str(dirs[override]), "-n", "--config", "profile=smoke", f"overrides=[{override}]"]
+    dirs["paper"] = tmp_path_factory.mktemp("paper")
+    cmds["paper"] = [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--config", "profile=paper",
+                     f'overrides=["results_dir={dirs["paper"]}"]']
+    dirs["paper_too_big"] = tmp_path_factory.mktemp("paper_too_big")
+    cmds["paper_too_big"] = [*SNAKEMAKE, "-n", "--cores", "1", "--config", "profile=paper",
+                             f'overrides=["results_dir={dirs["paper_too_big"]}","train.vllm.gpu_memory_utilization=0.9"]']
+    dirs["plain"] = tmp_path_factory.mktemp("plain")
+    cmds["plain"] = [sys.executable, "-m", "snakemake", "--directory", str(dirs["plain"]), TOKENIZER, "--config", "profile=smoke"]
+    done = run_side_by_side(cmds, timeout=900, cwd=REPO)
+    return {name: (dirs[name], done[name]) for name in cmds}
+
+
+@pytest.mark.parametrize("override,message", REFUSED.items())
+def test_snakemake_refuses_before_scheduling(runs, override, message):
     """The Snakefile composes (and so validates) before it plans: nothing is scheduled, nothing written."""
-    out = subprocess.run([*SNAKEMAKE, "--directory", str(tmp_path), "-n", "--config", "profile=smoke", f"overrides=[{override}]"],
-                         capture_output=True, text=True, timeout=300)
+    tmp_path, out = runs[override]
     assert out.returncode != 0
     assert message in out.stdout + out.stderr and "Job stats" not in out.stdout
     assert not (tmp_path / "results").exists()
 
 
-def test_snakemake_dry_run_lists_the_paper_dag_with_resources(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--config", "profile=paper",
-                          f'overrides=["results_dir={tmp_path}"]'],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+def test_snakemake_dry_run_lists_the_paper_dag_with_resources(runs):
+    _, out = runs["paper"]
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout + out.stderr
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", text, flags=re.M))
@@ -42,25 +59,21 @@ def test_snakemake_dry_run_lists_the_paper_dag_with_resources(tmp_path):
     assert re.search(r"gpu=8", text) and re.search(r"runtime=2880", text)   # training jobs: one 8-GPU node
 
 
-def test_snakemake_refuses_a_paper_job_that_would_not_fit_its_gpus(tmp_path):
+def test_snakemake_refuses_a_paper_job_that_would_not_fit_its_gpus(runs):
     """opdgrpo.resources' estimate against the profile's `hardware`: nothing is scheduled, the knob is named."""
-    out = subprocess.run([*SNAKEMAKE, "-n", "--cores", "1", "--config", "profile=paper",
-                          f'overrides=["results_dir={tmp_path}","train.vllm.gpu_memory_utilization=0.9"]'],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    _, out = runs["paper_too_big"]
     text = out.stdout + out.stderr
     assert out.returncode != 0 and "Job stats" not in out.stdout
     assert "would run out of GPU memory" in text and "change: a lower train.vllm.gpu_memory_utilization" in text, text[-3000:]
 
 
-def test_plain_snakemake_from_the_root_finds_the_snakefile_and_the_default_profile(tmp_path):
+def test_plain_snakemake_from_the_root_finds_the_snakefile_and_the_default_profile(runs):
     """No --snakefile, no --cores, no --workflow-profile, as the README runs it: the root Snakefile, and the local
     profile workflow/profiles/default, found as profiles/default through the link profiles -> workflow/profiles (it
     gives the cores: without it Snakemake refuses to run). One real job, the tokenizer, in a temp directory."""
     assert (REPO / "profiles" / "default").resolve() == (REPO / "workflow" / "profiles" / "default").resolve()
-    target = "results/smoke/base/tokenizer/done.json"
-    out = subprocess.run([sys.executable, "-m", "snakemake", "--directory", str(tmp_path), target, "--config", "profile=smoke"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    tmp_path, out = runs["plain"]
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     assert "Using workflow specific profile profiles/default" in text
-    assert (tmp_path / target).is_file()
+    assert (tmp_path / TOKENIZER).is_file()
