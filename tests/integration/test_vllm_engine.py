@@ -286,8 +286,10 @@ def _tree(root: Path) -> list[str]:
 
 #: The held-out score's rise over a run, at least this many standard errors of the difference of the two scores.
 RISE_SES = 4.0
-#: The two engines' final held-out scores: within this many standard errors of their difference.
-AGREE_SES = 3.0
+#: The two engines' final held-out scores: within this many standard errors of their difference. Not 3: two runs'
+#: learning differs by more than the evaluation's binomial noise (over seeds 0-5 the gap reached 2.9 SEs, at seed 3),
+#: and another CPU's last bits give another trajectory, as another seed does.
+AGREE_SES = 4.0
 #: A "short answer": the completion, stripped, is at most this many characters (the rigged reward's property).
 SHORT_CHARS = 3
 
@@ -323,9 +325,9 @@ def test_vllm_grpo_raises_the_heldout_score_as_hf_does(smoke_world, tmp_path, mo
     samples through the same engine. Only the knowledge domain's ``knowledge`` held-out set is kept: the student
     barely reads its prompts, so the ``knowledge_mc`` set, sampled with the same seed, scored identically.
 
-    Measured here (seeds 0, 1, 2; 45 prompts x k = 4 = 180 samples): step 0 at 0.06-0.10, step 16 at 0.63-0.68
-    under hf and 0.58-0.61 under vllm, a rise of 12-15 SEs; final scores 0.8-1.6 SEs apart (vllm the lower in all
-    three). The seed is fixed at 0; these SEs count binomial noise only, not the spread of the learning itself."""
+    Measured here (seeds 0-5; 45 prompts x k = 4 = 180 samples): step 0 at 0.06-0.12, step 16 at 0.51-0.68 under hf
+    and 0.57-0.66 under vllm, a rise of 8.6-15 SEs; final scores 0.3-2.9 SEs apart (seed 0: 0.8), neither engine
+    the higher throughout. The seed is fixed at 0; the SEs count binomial noise only, not the spread of learning."""
     from opdgrpo import rollout
 
     monkeypatch.setattr(rollout, "score", _short_answer_scores)
