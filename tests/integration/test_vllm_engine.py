@@ -1,7 +1,8 @@
 """``train.engine: vllm`` on the smoke student, for real (vLLM's CPU build, no mocks): greedy outputs identical to the
 project's sampler token for token, sampled outputs alike in distribution with log-probs matching the trainer's, the
-engine following an optimiser step, and smoke GRPO and OPD runs that resume after a kill with the run-directory
-contract unchanged. One engine serves the in-process tests (starting one costs about 15 s here).
+engine following an optimiser step, a short GRPO run raising the held-out score as under hf (its reward rigged, the
+rest real), and smoke GRPO and OPD runs that resume after a kill with the run-directory contract unchanged.
+One engine serves the in-process tests (starting one costs about 15 s here).
 
 Skipped only where vLLM is not installed (`scripts/install.sh --vllm`); CI installs it.
 """
@@ -279,3 +280,73 @@ def test_vllm_smoke_run_resumes_after_a_kill(smoke_world, tmp_path, run_id):
 
 def _tree(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+# -- GRPO learns under vllm as under hf, on a rigged reward the smoke student can learn ------------------------------
+
+#: The held-out score's rise over a run, at least this many standard errors of the difference of the two scores.
+RISE_SES = 4.0
+#: The two engines' final held-out scores: within this many standard errors of their difference. Not 3: two runs'
+#: learning differs by more than the evaluation's binomial noise (over seeds 0-5 the gap reached 2.9 SEs, at seed 3),
+#: and another CPU's last bits give another trajectory, as another seed does.
+AGREE_SES = 4.0
+#: A "short answer": the completion, stripped, is at most this many characters (the rigged reward's property).
+SHORT_CHARS = 3
+
+
+def _short_answer_scores(domains, tasks, texts) -> torch.Tensor:
+    """Stands in for :func:`opdgrpo.rollout.score`: 1 for a short answer, 0 otherwise, whatever the task asked."""
+    return torch.tensor([float(len(text.strip()) <= SHORT_CHARS) for text in texts])
+
+
+def _heldout_score(run_dir: Path, step: int) -> tuple[float, int]:
+    """(accuracy, samples) of the run's one held-out set at ``step``."""
+    (result,) = next(e for e in read_jsonl(run_dir / "evals.jsonl") if e["step"] == step)["results"]
+    return result["accuracy"], result["n_prompts"] * result["k"]
+
+
+def _se(p: float, q: float, n: int) -> float:
+    """Standard error of the difference of two independent binomial proportions ``p`` and ``q`` of ``n`` samples each."""
+    return math.sqrt((p * (1 - p) + q * (1 - q)) / n)
+
+
+def test_vllm_grpo_raises_the_heldout_score_as_hf_does(smoke_world, tmp_path, monkeypatch):
+    """A short GRPO run (16 steps of 8 prompts x 8 samples) raises the held-out score under ``train.engine: vllm`` as
+    it does under ``hf`` (issue 14): each run's final held-out avg@k exceeds its step-0 score by at least
+    ``RISE_SES`` standard errors of the difference, and the two engines' final scores agree within ``AGREE_SES``.
+
+    What is rigged: the reward. The smoke student (and the 300-step ``knowing_student``) learn no real domain in a
+    CI-sized run: tens of GRPO steps move their real held-out accuracy by less than its noise. So
+    :func:`opdgrpo.rollout.score`, the one scorer that both the training rewards and held-out evaluation call, is
+    replaced by a property the base student meets by chance (about 5-10% of its samples) and GRPO can teach it in a
+    few steps: a short answer, at most ``SHORT_CHARS`` characters (to stop early). Everything else is real: vLLM's
+    CPU engine samples every step's groups, the trainer's weights are synced into it after each optimiser step
+    (the ledger's engine-vs-trainer log-prob gap shows it sampled the current policy), and held-out evaluation
+    samples through the same engine. Only the knowledge domain's ``knowledge`` held-out set is kept: the student
+    barely reads its prompts, so the ``knowledge_mc`` set, sampled with the same seed, scored identically.
+
+    Measured here (seeds 0-5; 45 prompts x k = 4 = 180 samples): step 0 at 0.06-0.12, step 16 at 0.51-0.68 under hf
+    and 0.57-0.66 under vllm, a rise of 8.6-15 SEs; final scores 0.3-2.9 SEs apart (seed 0: 0.8), neither engine
+    the higher throughout. The seed is fixed at 0; the SEs count binomial noise only, not the spread of learning."""
+    from opdgrpo import rollout
+
+    monkeypatch.setattr(rollout, "score", _short_answer_scores)
+    _, plan = smoke_world
+    cfg = copy.deepcopy(plan.jobs["grpo-student-knowledge-s0"].config)
+    steps = 16
+    cfg["seed"] = 0
+    cfg["method"] = dict(cfg["method"], steps=steps, group_size=8, lr=2e-3)
+    cfg["train"] = dict(cfg["train"], prompts_per_step=8, eval_every=steps, checkpoint_every=1000,
+                        eval=dict(cfg["train"]["eval"], k=4, temperature=1.0))
+    knowledge = cfg["domains"]["knowledge"]
+    knowledge["heldout"] = {"knowledge": dict(knowledge["heldout"]["knowledge"], size=None)}
+    scores = {}
+    for engine in ("hf", "vllm"):
+        run_dir = tmp_path / engine
+        train(copy.deepcopy(dict(cfg, train=dict(cfg["train"], engine=engine))), run_dir)
+        (start, n), (final, _) = _heldout_score(run_dir, 0), _heldout_score(run_dir, steps)
+        scores[engine] = final
+        assert final - start >= RISE_SES * _se(start, final, n), f"{engine}: held-out {start:.3f} -> {final:.3f} ({n} samples)"
+    for line in read_jsonl(tmp_path / "vllm" / "ledger.jsonl"):   # every step sampled the policy just synced
+        assert line["metrics"]["engine_logprob_diff_max"] < RUN_LOGPROB_BOUND, line["step"]
+    assert abs(scores["vllm"] - scores["hf"]) <= AGREE_SES * _se(scores["hf"], scores["vllm"], n), scores
