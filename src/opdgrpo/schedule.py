@@ -102,7 +102,8 @@ def priorities(cfg: Mapping[str, Any], plan: Any) -> dict[str, int]:
     """Each job's priority: the rank (1 = least) of its estimated seconds plus the longest estimated chain of jobs
     that need it. Ranks, not seconds: Snakemake's scheduler sums the priorities of the jobs it starts together, and
     small integers keep that sum exact at any scale."""
-    jobs, cfg = plan.jobs, plan.config_for(cfg)   # with the plan's model variants (S6's students and teachers)
+    jobs = plan.jobs
+    cfg = plan.config_for(cfg) if hasattr(plan, "config_for") else cfg   # with the plan's model variants (S6)
     own = {jid: estimated_seconds(cfg, job, jobs) for jid, job in jobs.items()}
     children: dict[str, list[str]] = {jid: [] for jid in jobs}
     for jid, job in jobs.items():
