@@ -61,7 +61,7 @@ class S6Entry(TypedDict):
     """Report-spec entry of S6 (one seed)."""
 
     title: str
-    teacher: str           # the external teacher (conf model); each cell distils its world's variant of it
+    teacher_model: str     # the external teacher (conf model); each cell distils its world's variant of it
     domains: list[str]
     external_domains: list[str]
     collapse_domains: list[str]
@@ -165,7 +165,8 @@ class S6(Study[S6Entry]):
                                                 {"pretrain": {"thinking_fraction": float(frac)}}, world)
                 teacher_v = planner.model_variant(teacher, f"i{level_tag(level)}", None, world)
                 cells.append(self._cell(planner, s, seed, (float(level), float(frac)), student, teacher_v))
-        return S6Entry(title=s["title"], teacher=teacher, domains=list(s["domains"]), external_domains=list(s["external_domains"]),
+        return S6Entry(title=s["title"], teacher_model=teacher, domains=list(s["domains"]),
+                       external_domains=list(s["external_domains"]),
                        collapse_domains=list(s["collapse_domains"]), interference=[float(x) for x in s["interference"]],
                        thinking_fraction=[float(x) for x in s["thinking_fraction"]], cells=cells, **matching_keys(s))
 
@@ -420,7 +421,7 @@ def map_figure(frame: pd.DataFrame, entry: S6Entry) -> Figure:
                 unsure = r["collapse"].startswith("inconclusive")
                 right.add_patch(Rectangle((j - 0.47, i - 0.47), 0.94, 0.94, fill=False, edgecolor="#d62728",
                                           linewidth=3, linestyle="--" if unsure else "-"))
-    right.set_title(f"S5b collapse, OPD from {entry['teacher']} on "
+    right.set_title(f"S5b collapse, OPD from {entry['teacher_model']} on "
                     f"{' + '.join(entry['collapse_domains'])}\n(red box: collapse, dashed: inconclusive)", fontsize=10)
     fig.suptitle(f"S6: {entry.get('title', 'sensitivity map')}", fontsize=12)
     return fig
