@@ -326,6 +326,7 @@ def estimate_plan(cfg: Mapping[str, Any], plan: Any | None = None) -> list[RunEs
     from .plan import build_plan
 
     plan = build_plan(dict(cfg)) if plan is None else plan
+    cfg = plan.config_for(dict(cfg)) if hasattr(plan, "config_for") else cfg   # with the plan's model variants (S6)
     block, cache = cost_block(cfg), {}
     return [estimate_run(cfg, job, plan.jobs, block, cache) for job in plan.runs()]
 

@@ -37,6 +37,12 @@ class Plan:
     root: str
     jobs: dict[str, Job]
     report_spec: dict[str, Any]
+    models: dict[str, Any] = field(default_factory=dict)   # model variants the studies derived (Planner.model_variant)
+
+    def config_for(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        """``cfg`` with the plan's model variants added to ``models``, for what looks up a job's model by name (the
+        cost model, the scheduler, the resource check); ``cfg`` itself when the plan derived none."""
+        return cfg if not self.models else {**cfg, "models": {**cfg["models"], **self.models}}
 
     def runs(self) -> list[Job]:
         return [j for j in self.jobs.values() if j.kind == "train"]
@@ -50,7 +56,10 @@ class Planner:
     studies' :meth:`~opdgrpo.studies.base.Study.plan` hooks ask for. A run asked for twice is planned once."""
 
     def __init__(self, cfg: dict[str, Any]):
-        self.cfg = cfg
+        self.cfg = {**cfg, "models": dict(cfg["models"])}   # model variants are added to this copy, not to ``cfg``
+        self.variants: dict[str, Any] = {}
+        #: A variant model -> (world tag, the domain blocks its base stage and runs use) where not the profile's.
+        self.worlds: dict[str, tuple[str, dict[str, Any]]] = {}
         self.root = f"{cfg['results_dir']}/{cfg['profile']}"
         self.jobs: dict[str, Job] = {}
         self.studies: dict[str, dict[str, Any]] = {}
@@ -63,14 +72,17 @@ class Planner:
     def tokenizer(self, model: str | None = None) -> Job:
         """The tokenizer job of ``model`` (None: the profile's ``tokenizer``). A model whose block names its own
         ``tokenizer`` (Olmo-3's Dolma2 tokenizer next to the Qwen3 models') gets its own job; models with equal
-        specs share the job of the first of them, so a tokenizer is saved once."""
+        specs share the job of the first of them, so a tokenizer is saved once. A model of another world
+        (:meth:`model_variant`) gets that world's tokenizer, ``tokenizer-<world>``: its corpus is that world's."""
         spec = self.tokenizer_spec(model)
         owner = None if model is None or spec == self.cfg["tokenizer"] else next(
             m for m in self.cfg["models"] if self.tokenizer_spec(m) == spec)
-        job_id = "tokenizer" if owner is None else f"tokenizer-{owner}"
+        world, domains = self.world_of(model)
+        label = "-".join(part for part in (owner or "", world) if part)
+        job_id = f"tokenizer-{label}" if label else "tokenizer"
         if job_id not in self.jobs:
-            cfg = {"tokenizer": spec, "domains": self.cfg["domains"], "seed": 0}
-            self.jobs[job_id] = Job(job_id, "tokenizer", f"{self.root}/base/{job_id}", cfg, label=owner or "")
+            cfg = {"tokenizer": spec, "domains": domains, "seed": 0}
+            self.jobs[job_id] = Job(job_id, "tokenizer", f"{self.root}/base/{job_id}", cfg, label=label)
         return self.jobs[job_id]
 
     def tokenizer_spec(self, model: str | None) -> dict[str, Any]:
@@ -99,6 +111,35 @@ class Planner:
             kind, name = self.jobs[name].config["student"]["from"].split(":", 1)
         return name
 
+    def world_of(self, model: str | None) -> tuple[str, dict[str, Any]]:
+        """(world tag, domain blocks) of ``model``'s base stage and runs: ``("", domains)`` for the profile's world."""
+        return self.worlds.get(model or "", ("", self.cfg["domains"]))
+
+    def model_variant(self, model: str, tag: str, overrides: Mapping[str, Any] | None = None,
+                      world: tuple[str, Mapping[str, Any]] | None = None) -> str:
+        """A model derived from ``models.<model>`` for a study that sweeps the world (S6): its block deep-merged with
+        ``overrides`` (e.g. ``{"pretrain": {"thinking_fraction": 0.0}}``), and with ``world`` = (tag, domain blocks)
+        its own tokenizer, pretraining and runs on those domains (e.g. with ``interference`` set). Named
+        ``<model>_<tag>`` with its own base job; a variant equal to ``model`` in block and world *is* ``model`` (the
+        base stage is shared by content, as every study shares it). Returns the name runs refer to (``base:<name>``)."""
+        block = _merged(self.cfg["models"][model], overrides or {})
+        tag_world, domains = world if world is not None else ("", self.cfg["domains"])
+        domains = dict(domains)
+        if domains == self.cfg["domains"]:
+            tag_world = ""
+        if block == self.cfg["models"][model] and (tag_world, domains) == self.world_of(model):
+            return model
+        name = f"{model}_{tag}"
+        for other, (t, d) in self.worlds.items():
+            if t == tag_world and d != domains:
+                raise ConfigError(f"world `{tag_world}` of model `{name}` has other domain blocks than `{other}`'s")
+        if name in self.cfg["models"] and (self.cfg["models"][name] != block or self.world_of(name) != (tag_world, domains)):
+            raise ConfigError(f"model variant `{name}` is derived twice with different settings; give one its own tag")
+        self.cfg["models"][name] = self.variants[name] = block
+        if tag_world:
+            self.worlds[name] = (tag_world, domains)
+        return name
+
     def base(self, model: str) -> Job:
         job_id = f"base-{model}"
         if job_id not in self.jobs:
@@ -107,7 +148,7 @@ class Planner:
                 "name": model,
                 "model": self.cfg["models"][model],
                 "pretrain": self.cfg["pretrain"],
-                "domains": self.cfg["domains"],
+                "domains": self.world_of(model)[1],
                 "tokenizer": tok.out_dir,
                 "seed": 0,
                 "threads": self.cfg["threads"],
@@ -133,6 +174,7 @@ class Planner:
         train_cfg.update({k: v for k, v in (train_overrides or {}).items() if v is not None})
         student_entry, student_up = self._source(student)
         student_model = self.base_model(student)
+        world = self.world_of(student_model)
         train_cfg.update({k: v for k, v in self.prompt_format(student_model).items() if k not in (train_overrides or {})})
         tokenizer = self.tokenizer(student_model)
         upstream = [tokenizer.id, student_up]
@@ -141,6 +183,9 @@ class Planner:
             teacher_entries[domain], up = self._source(ref)
             upstream.append(up)
             teacher_model = self.base_model(ref)
+            if self.world_of(teacher_model) != world:
+                raise ConfigError(f"run {run_id}: teacher `{teacher_model}` and student `{student_model}` come from different "
+                                  f"worlds (domain blocks, e.g. `interference`); derive both in the same world")
             if self.tokenizer_spec(teacher_model) != self.tokenizer_spec(student_model):
                 raise ConfigError(
                     f"run {run_id}: teacher `{teacher_model}` and student `{student_model}` have different tokenizers "
@@ -155,7 +200,7 @@ class Planner:
             "train": train_cfg,
             "train_domains": domains,
             "eval_domains": domains,
-            "domains": {d: self.cfg["domains"][d] for d in domains},
+            "domains": {d: world[1][d] for d in domains},
             "tokenizer": tokenizer.out_dir,
             "student": student_entry,
             "teachers": teacher_entries,
@@ -248,4 +293,13 @@ def build_plan(cfg: dict[str, Any]) -> Plan:
     ]
     spec = {"profile": cfg["profile"], "runs": runs, "studies": studies,
             "base_models": {j.label: j.out_dir for j in planner.jobs.values() if j.kind == "base"}}
-    return Plan(planner.root, planner.jobs, spec)
+    return Plan(planner.root, planner.jobs, spec, dict(planner.variants))
+
+
+def _merged(block: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``block`` deep-copied with ``overrides`` merged in, nested mappings key by key."""
+    out = copy.deepcopy(dict(block))
+    for key, value in overrides.items():
+        out[key] = _merged(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) \
+            else copy.deepcopy(value)
+    return out

@@ -271,6 +271,7 @@ def _heldout_rows(cfg: Mapping[str, Any], ev: Mapping[str, Any]) -> int:
 def estimate_jobs(cfg: Mapping[str, Any], plan: Any) -> list[JobEstimate]:
     """Every GPU job of the plan (tokenizer and report jobs run on CPUs and are left out)."""
     hw = Hardware.of(cfg)
+    cfg = plan.config_for(cfg) if hasattr(plan, "config_for") else cfg   # with the plan's model variants (S6)
     out = []
     for job in plan.jobs.values():
         if job.kind == "train":

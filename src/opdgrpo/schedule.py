@@ -103,6 +103,7 @@ def priorities(cfg: Mapping[str, Any], plan: Any) -> dict[str, int]:
     that need it. Ranks, not seconds: Snakemake's scheduler sums the priorities of the jobs it starts together, and
     small integers keep that sum exact at any scale."""
     jobs = plan.jobs
+    cfg = plan.config_for(cfg) if hasattr(plan, "config_for") else cfg   # with the plan's model variants (S6)
     own = {jid: estimated_seconds(cfg, job, jobs) for jid, job in jobs.items()}
     children: dict[str, list[str]] = {jid: [] for jid in jobs}
     for jid, job in jobs.items():

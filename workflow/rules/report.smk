@@ -1,9 +1,17 @@
 # The report: curves, plots, savings and claims from every run directory of this profile.
 # Figures and tables are registered with report(), so `snakemake --report report.html` gives one page.
 
+from opdgrpo.studies import REGISTRY
+
 REPORT_DIR = f"{ROOT}/report"
 REPORT_STUDIES = [s for s in PLAN.report_spec["studies"]]
-REPORT_FIGURES = [f"{REPORT_DIR}/{s}_{kind}.png" for s in REPORT_STUDIES for kind in ("accuracy", "length")]
+REPORT_FIGURES = [f"{REPORT_DIR}/{s}_{kind}.png" for s in REPORT_STUDIES for kind in REGISTRY[s].figure_stems]
+REPORT_TABLES = [
+    f"{REPORT_DIR}/{s}_{stem}.{ext}"
+    for s in REPORT_STUDIES
+    for stem in REGISTRY[s].table_stems
+    for ext in ("md", "csv")
+]
 REPORT_OUTPUTS = [
     f"{REPORT_DIR}/curves.csv",
     f"{REPORT_DIR}/savings.csv",
@@ -13,6 +21,7 @@ REPORT_OUTPUTS = [
     f"{REPORT_DIR}/constraints.md",
     f"{REPORT_DIR}/mfu.md",
     *REPORT_FIGURES,
+    *REPORT_TABLES,
 ]
 
 
@@ -30,6 +39,7 @@ rule report:
         f"{REPORT_DIR}/constraints.md",
         f"{REPORT_DIR}/mfu.md",
         *[report(f, category="Figures", caption="../report/figure.rst") for f in REPORT_FIGURES],
+        *REPORT_TABLES,
     log:
         f"{LOGS}/report.log",
     resources:

@@ -247,7 +247,7 @@ def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
 # -------------------------------------------------------------------------------------------------------- build
 def draw_figures(
     spec: Mapping[str, Any], keys: Sequence[str], curves: pd.DataFrame, rows: Sequence[Mapping[str, Any]],
-    notes: list[str],
+    notes: list[str], final_flops: Mapping[str, float] | None = None,
 ) -> dict[str, Figure]:
     """Every registered study's figures, ``{file stem: Figure}``; with several seeds, the first seed's.
 
@@ -264,7 +264,7 @@ def draw_figures(
         instances = study_instances(spec["studies"][key])
         study = dict(instances[0])
         ctx = PlotContext(curves=curves, labels=labels, savings={**first_rows, **summary_rows}, notes=notes,
-                          seed_runs=seed_twins(instances))
+                          seed_runs=seed_twins(instances), instances=instances, final_flops=final_flops or {})
         if len(instances) > 1:  # lines are means over seeds with a 95% band
             study["title"] = f"{study.get('title', key)} (mean and 95% interval over {len(instances)} seeds)"
         try:
@@ -272,12 +272,26 @@ def draw_figures(
             if drawn is None:
                 notes.append(f"study {key}: no figure registered")
                 continue
-            if f"{key}_length" not in drawn:
+            if f"{key}_length" not in drawn and "length" in REGISTRY[key].figure_stems:
                 drawn.update(plot_lengths(key, referenced_runs(instances[0]), ctx, study.get("title", key)))
             figures.update(drawn)
         except (KeyError, ValueError) as exc:
             raise ReportInputError(f"study {key}: cannot draw its figure: {exc}") from exc
     return figures
+
+
+def study_tables(spec: Mapping[str, Any], keys: Sequence[str], curves: pd.DataFrame,
+                 final_flops: Mapping[str, float]) -> dict[str, tuple[pd.DataFrame, str]]:
+    """Every study's own tables (:meth:`~opdgrpo.studies.base.Study.tables`), ``{file stem: (frame, markdown)}``."""
+    out: dict[str, tuple[pd.DataFrame, str]] = {}
+    for key in keys:
+        instances = study_instances(spec["studies"][key])
+        try:
+            drawn = REGISTRY[key].tables(instances, curves, final_flops)
+        except (KeyError, ValueError) as exc:
+            raise ReportInputError(f"study {key}: cannot build its tables: {exc}") from exc
+        out.update({f"{key}_{stem}": table for stem, table in drawn.items()})
+    return out
 
 
 def seed_twins(instances: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
@@ -343,8 +357,9 @@ def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, An
 
     claims = claims_table(spec, curves, rows)
     stage("claims", savings_rows=len(rows))
-    figures = draw_figures(spec, keys, curves, rows, notes)  # all drawn before anything is written
+    figures = draw_figures(spec, keys, curves, rows, notes, final_flops)  # all drawn before anything is written
     stage("figures", figures=len(figures))
+    tables = study_tables(spec, keys, curves, final_flops)
 
     written: list[Path] = []
     written.append(_atomic(out_dir / "curves.csv", lambda tmp: curves.to_csv(tmp, index=False)))
@@ -357,6 +372,9 @@ def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, An
     written.append(write_text(out_dir / "mfu.md", mfu_markdown(spec, runs_dir, profile)))
     for stem, fig in figures.items():
         written.extend(save_figure(fig, out_dir, stem))
+    for stem, (frame, text) in tables.items():
+        written.append(_atomic(out_dir / f"{stem}.csv", lambda tmp, f=frame: f.to_csv(tmp, index=False)))
+        written.append(write_text(out_dir / f"{stem}.md", text))
     stage("written", files=len(written), out=str(out_dir))
     return {"written": written, "notes": notes, "savings": rows}
 

@@ -80,6 +80,8 @@ class PlotContext:
     savings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     seed_runs: Mapping[str, Sequence[str]] = field(default_factory=dict)  # a run -> the same run in every seed
+    instances: Sequence[Mapping[str, Any]] = ()  # every seed's study entry (a figure over seeds, as S6's map)
+    final_flops: Mapping[str, float] = field(default_factory=dict)  # each run's final FLOPs (done.json)
 
     def label(self, run: str) -> str:
         """Legend label of a run: the spec's ``label`` or the run id."""

@@ -94,6 +94,11 @@ class Study(Generic[Entry]):
     #: A JSON Schema of its conf block beyond the keys every study shares (src/opdgrpo/schemas/study.schema.yaml);
     #: config validation checks it, errors naming ``studies.<name>.<key>``. Rules across keys go in :meth:`validate`.
     schema: ClassVar[dict[str, Any] | None] = None
+    #: Its figures in the report, ``<name>_<stem>.png/.pdf`` (Snakemake's outputs of the report rule). "length" is
+    #: drawn generically when :meth:`figures` gives none.
+    figure_stems: ClassVar[tuple[str, ...]] = ("accuracy", "length")
+    #: Its tables in the report beyond savings and claims, ``<name>_<stem>.md/.csv`` (from :meth:`tables`).
+    table_stems: ClassVar[tuple[str, ...]] = ()
 
     # -- conf and plan --------------------------------------------------------------------------------------------
     def validate(self, cfg: dict[str, Any]) -> None:
@@ -121,6 +126,12 @@ class Study(Generic[Entry]):
         """``{file stem: Figure}``: its ``<name>_accuracy`` figure and, where it draws one, ``<name>_length``
         (else the report draws the generic length figure); None: no figure registered."""
         return None
+
+    def tables(self, instances: Sequence[Entry], curves: pd.DataFrame,
+               final_flops: Mapping[str, float]) -> dict[str, tuple[pd.DataFrame, str]]:
+        """``{stem: (csv frame, markdown text)}`` for each of :attr:`table_stems`, over every seed's entry at once
+        (a table with intervals over seeds); default none."""
+        return {}
 
     def evaluate(self, entry: Entry, curves: pd.DataFrame,
                  savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:

@@ -110,23 +110,11 @@ class ConsolidationStudy(Study[ConsolidationEntry]):
     def savings_row(self, spec: Mapping[str, Any], entry: ConsolidationEntry, curves: pd.DataFrame,
                     final_flops: Mapping[str, float]) -> dict[str, Any]:
         """The savings row of one per-seed entry: matched-FLOP savings with domains, paper values and status."""
-        from opdgrpo.report.curves import ReportInputError, instance_seed, run_curve
-        from opdgrpo.report.matching import DEFAULT_SHARE_THRESHOLD, MatchRule
-        from opdgrpo.report.savings import SAVINGS_COLUMNS, compute_savings
+        from opdgrpo.report.curves import instance_seed
+        from opdgrpo.report.matching import DEFAULT_SHARE_THRESHOLD
+        from opdgrpo.report.savings import SAVINGS_COLUMNS
 
-        for field in ("joint", "distill", "experts"):
-            if field not in entry:
-                raise ReportInputError(f"report spec: study {self.name} is missing key '{field}'")
-        try:
-            rule = MatchRule.of(entry)
-        except ValueError as exc:
-            raise ReportInputError(f"report spec: study {self.name}: {exc}") from exc
-        domains = list(entry.get("domains") or dict.fromkeys(run_curve(curves, entry["joint"])["eval_domain"]))
-        result = compute_savings(
-            curves, entry["joint"], entry["distill"], list(entry["experts"]), domains, rule.tolerance_points,
-            {e: final_flops[e] for e in entry["experts"] if e in final_flops},
-            smooth_window=rule.window, tolerance_se=rule.tolerance_se, eval_sizes=entry.get("eval_sizes"),
-        )
+        domains, rule, result = matched_savings(self.name, entry, curves, final_flops)
         return {
             "study": self.name,
             "domains": "+".join(domains),
@@ -178,6 +166,30 @@ class ConsolidationStudy(Study[ConsolidationEntry]):
                  savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
         """Distillation share and matched-FLOP savings, read from the study's savings row."""
         return _consolidation_verdicts(self.name, savings)
+
+
+def matched_savings(key: str, entry: Mapping[str, Any], curves: pd.DataFrame,
+                    final_flops: Mapping[str, float]) -> tuple[list[str], Any, dict[str, Any]]:
+    """(domains, matching rule, :func:`~opdgrpo.report.savings.compute_savings`'s result) of one consolidation
+    entry (``joint``, ``distill``, ``experts``, the matching keys): S4/S5's savings row and each cell of S6's map."""
+    from opdgrpo.report.curves import ReportInputError, run_curve
+    from opdgrpo.report.matching import MatchRule
+    from opdgrpo.report.savings import compute_savings
+
+    for field in ("joint", "distill", "experts"):
+        if field not in entry:
+            raise ReportInputError(f"report spec: study {key} is missing key '{field}'")
+    try:
+        rule = MatchRule.of(entry)
+    except ValueError as exc:
+        raise ReportInputError(f"report spec: study {key}: {exc}") from exc
+    domains = list(entry.get("domains") or dict.fromkeys(run_curve(curves, entry["joint"])["eval_domain"]))
+    result = compute_savings(
+        curves, entry["joint"], entry["distill"], list(entry["experts"]), domains, rule.tolerance_points,
+        {e: final_flops[e] for e in entry["experts"] if e in final_flops},
+        smooth_window=rule.window, tolerance_se=rule.tolerance_se, eval_sizes=entry.get("eval_sizes"),
+    )
+    return domains, rule, result
 
 
 def _mix_panel(key: str, entry: ConsolidationEntry, ctx: PlotContext) -> Panel:

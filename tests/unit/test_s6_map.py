@@ -1,0 +1,196 @@
+"""S6, the sensitivity map: its plan (grid -> worlds, model variants and runs), its validation, and its table and
+figure from synthetic run data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from opdgrpo.config import ConfigError, compose
+from opdgrpo.plan import build_plan
+from opdgrpo.report.curves import CURVE_COLUMNS
+from opdgrpo.studies import REGISTRY
+from opdgrpo.studies.s6 import level_tag, map_figure, map_frame, map_markdown
+
+REPO = Path(__file__).resolve().parents[2]
+CONF = REPO / "conf"
+OTHERS = ("S1", "S1b", "S2", "S3", "S4", "S5", "S5b")
+#: The smoke-sized map: 2 x 2 levels, the smoke profile's seed (tests/e2e/test_s6_map.py runs it).
+SMOKE_MAP = ("+study@studies.S6=s6", "studies.S6.interference=[0,0.5]", "studies.S6.thinking_fraction=[1.0,0.0]",
+             "studies.S6.min_levels=2", "studies.S6.joint_steps=6")
+
+
+def smoke_map(*extra: str, only: bool = True):
+    """The smoke-sized map's config (only S6 when ``only``)."""
+    drop = tuple(f"~studies.{s}" for s in OTHERS) if only else ()
+    return compose(["profile=smoke", *SMOKE_MAP, *drop, *extra], CONF)
+
+
+# --------------------------------------------------------------------------------------------------------- plan
+def test_the_grid_plans_one_world_per_interference_and_one_student_per_cell():
+    plan = build_plan(smoke_map())
+    entry = plan.report_spec["studies"]["S6"]
+    cells = entry["cells"]
+    assert [(c["thinking_fraction"], c["interference"]) for c in cells] == [(1.0, 0.0), (1.0, 0.5), (0.0, 0.0),
+                                                                             (0.0, 0.5)]
+    assert {j.id for j in plan.by_kind("tokenizer")} == {"tokenizer", "tokenizer-i0p5"}
+    for cell in cells:
+        base = plan.jobs[f"base-{cell['student_model']}"].config
+        assert base["model"]["pretrain"]["thinking_fraction"] == cell["thinking_fraction"]
+        levels = {d: b.get("interference", 0.0) for d, b in base["domains"].items()}
+        assert set(levels) == {"math", "code", "ifeval", "knowledge"} and set(levels.values()) == {cell["interference"]}
+        assert "interference" not in str(base["domains"]) or cell["interference"] > 0   # level 0: the key is absent
+        runs = [*cell["experts"], cell["joint"], cell["distill"], cell["external"]]
+        assert len(runs) == 5 and all(r.startswith(f"s6-i{level_tag(cell['interference'])}-") for r in runs)
+        for run in runs:   # every run trains the cell's student, in the cell's world, with its world's tokenizer
+            rc = plan.jobs[run].config
+            assert rc["student"]["from"] == f"base:{cell['student_model']}"
+            assert rc["domains"] == {d: base["domains"][d] for d in rc["train_domains"]}
+            assert rc["tokenizer"] == base["tokenizer"]
+        teachers = plan.jobs[cell["external"]].config["teachers"]
+        assert {t["from"] for t in teachers.values()} == {f"base:{cell['teacher_model']}"}
+    # the teacher is pretrained once per world; at interference 0 it is the profile's own teacher_m
+    assert [c["teacher_model"] for c in cells] == ["teacher_m", "teacher_m_i0p5"] * 2
+    assert len({r for c in cells for r in (*c["experts"], c["joint"], c["distill"], c["external"])}) == 20
+
+
+def test_a_cell_equal_to_the_profile_shares_its_base_model():
+    plan = build_plan(smoke_map("studies.S6.thinking_fraction=[0.5,0.0,1.0]"))
+    cells = plan.report_spec["studies"]["S6"]["cells"]
+    assert cells[0]["student_model"] == "student"   # tf 0.5 at interference 0 is the smoke student itself
+    assert plan.jobs[cells[0]["joint"]].config["student"]["path"].endswith("base/student/checkpoint")
+
+
+def test_enabling_s6_changes_no_other_job():
+    without = build_plan(compose(["profile=smoke"], CONF))
+    with_map = build_plan(smoke_map(only=False))
+    for job_id, job in without.jobs.items():
+        other = with_map.jobs[job_id]
+        assert (other.out_dir, other.config, other.upstream) == (job.out_dir, job.config, job.upstream), job_id
+        assert "S6" not in other.studies
+    for name, entry in without.report_spec["studies"].items():
+        assert with_map.report_spec["studies"][name] == entry
+
+
+def test_tiny_map_plans_nine_cells_three_seeds():
+    cfg = compose(["profile=tiny-map"], CONF)
+    plan = build_plan(cfg)
+    seeds = plan.report_spec["studies"]["S6"]["seeds"]
+    assert len(seeds) == 3 and all(len(e["cells"]) == 9 for e in seeds)
+    s6_runs = [j for j in plan.runs() if j.studies == ["S6"]]
+    assert len(s6_runs) == 9 * 3 * 5
+    assert len(plan.by_kind("tokenizer")) == 3 and len(plan.by_kind("base")) == 3 + 8 + 2
+    joint = plan.jobs[seeds[0]["cells"][0]["joint"]].config
+    assert joint["method"]["steps"] == cfg["studies"]["S4"]["joint_steps"]   # the cells run S4's settings
+
+
+def test_the_cost_model_prices_every_map_run():
+    from opdgrpo.cost import estimate_plan, study_totals
+
+    cfg = smoke_map()
+    plan = build_plan(cfg)
+    estimates = estimate_plan(cfg, plan)
+    assert len(estimates) == 20 and all(e.total > 0 for e in estimates)
+    rows = {r.quantity: r.value for r in study_totals(plan.report_spec, estimates)}
+    assert rows["the map (one seed)"] == pytest.approx(sum(e.total for e in estimates))
+
+
+# --------------------------------------------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (("studies.S6.min_levels=3",), "studies.S6.interference"),            # 2 levels where 3 are asked for
+        (("studies.S6.interference=[0,1.5]",), "studies.S6.interference[1]"),
+        (("studies.S6.thinking_fraction=[0.5,-0.1]",), "studies.S6.thinking_fraction[1]"),
+        (("studies.S6.interference=[0.25,0.5]",), "studies.S6.interference"),  # no level 0
+        (("studies.S6.thinking_fraction=[0.5,0.0]",), "studies.S6.thinking_fraction"),   # no fluent student
+        (("studies.S6.interference=[0,0.5,0.5]",), "studies.S6.interference"),  # a level twice
+        (("+studies.S6.levels=3",), "studies.S6.levels"),                       # unknown key
+        (("studies.S6.collapse_domains=[math,chess]",), "studies.S6.collapse_domains"),
+        (("studies.S6.external_domains=[math,ifeval]",), "studies.S6.collapse_domains"),   # code not distilled
+        (("studies.S6.teacher=teacher_x",), "studies.S6"),
+        (("studies.S6.smooth_window=2",), "studies.S6.smooth_window"),
+    ],
+)
+def test_bad_map_configs_fail_naming_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+        smoke_map(*overrides)
+
+
+def test_tiny_map_needs_three_levels_of_each_knob():
+    with pytest.raises(ConfigError, match=r"studies\.S6\.thinking_fraction.*at least 3 levels"):
+        compose(["profile=tiny-map", "studies.S6.thinking_fraction=[1.0,0.0]"], CONF)
+
+
+# ----------------------------------------------------------------------------------------- table from run data
+def _rows(run: str, seed: int, points: list[tuple[float, dict[str, float]]]) -> list[dict]:
+    sets = {"math": ["amc", "aime"], "code": ["lcb"]}
+    return [{"run": run, "study": "S6", "method": "x", "train_domains": "x", "seed": seed, "step": 10 * i,
+             "cumulative_flops": flops, "eval_domain": d, "eval_set": s, "accuracy": acc, "mean_response_length": 9.0}
+            for i, (flops, accs) in enumerate(points) for d, acc in accs.items() for s in sets[d]]
+
+
+def _cell_runs(cell: dict, seed: int, cheap: bool, collapse: bool) -> list[dict]:
+    """Joint GRPO rises to 0.5; the experts cost 100 each; the distillation reaches 0.5 (``cheap``) or never; on the
+    3-point smoothed curves joint GRPO reaches 0.5 at 1500 FLOPs and the distillation at 150, so the savings are
+    1 - (200 + 150) / 1500. The external OPD keeps its step-0 accuracy or loses it (``collapse``)."""
+    both = lambda x: {"math": x, "code": x}  # noqa: E731
+    joint = [(0, both(0.2)), (500, both(0.35)), (1000, both(0.5)), (1500, both(0.5)), (2000, both(0.5))]
+    distill = [(0, both(0.2)), (50, both(0.45)), (100, both(0.5)), (150, both(0.5)), (200, both(0.5))]
+    expert = [(0, both(0.2)), (100, both(0.5))]
+    ext_final = 0.02 if collapse else 0.3 + 0.01 * seed
+    external = [(0, both(0.3)), (100, both(ext_final))]
+    rows = _rows(cell["joint"], seed, joint) + _rows(cell["external"], seed, external)
+    rows += _rows(cell["distill"], seed, distill if cheap else [(f, both(0.25)) for f, _ in distill])
+    for e in cell["experts"]:
+        rows += _rows(e, seed, expert)
+    return rows
+
+
+def synthetic_map(seeds: int = 3) -> tuple[list[dict], pd.DataFrame]:
+    """The smoke map's spec entries for ``seeds`` seeds, and curves where consolidation pays only at interference
+    0.5 and the external-teacher OPD collapses only the base student (thinking fraction 0)."""
+    spec = build_plan(smoke_map(f"seeds={list(range(seeds))}")).report_spec["studies"]["S6"]
+    instances = spec["seeds"] if seeds > 1 else [spec]
+    rows = []
+    for seed, inst in enumerate(instances):
+        for cell in inst["cells"]:
+            rows += _cell_runs(cell, seed, cheap=cell["interference"] > 0, collapse=cell["thinking_fraction"] == 0)
+    return instances, pd.DataFrame(rows, columns=CURVE_COLUMNS)
+
+
+def test_the_map_table_has_one_row_per_cell_with_intervals():
+    instances, curves = synthetic_map()
+    frame = map_frame(instances, curves, {})
+    assert len(frame) == 4
+    by = {(r["thinking_fraction"], r["interference"]): r for _, r in frame.iterrows()}
+    paid = by[(1.0, 0.5)]
+    assert paid["savings"] == pytest.approx(1 - 350 / 1500) and paid["matched"] == "3/3" and paid["savings_sign"] == "positive"
+    assert by[(1.0, 0.0)]["matched"] == "0/3" and by[(1.0, 0.0)]["savings_sign"] == "negative"
+    assert by[(0.0, 0.0)]["collapse"] == "math+code" and by[(1.0, 0.0)]["collapse"] == "none"
+    kept = by[(1.0, 0.5)]
+    assert kept["math_base"] == pytest.approx(0.3) and kept["math_final"] == pytest.approx(0.31)
+    assert kept["math_final_lo"] < 0.31 < kept["math_final_hi"]   # three seeds: a real interval
+    assert by[(0.0, 0.5)]["retention"] == pytest.approx(0.02 / 0.3)
+    text = map_markdown(frame, instances[0])
+    table = [line for line in text.splitlines() if line.startswith("| ") and "interference" not in line]
+    assert len(table) == 4 and "+76.7%" in text and "math+code" in text
+
+
+def test_one_seed_gives_values_without_intervals():
+    instances, curves = synthetic_map(seeds=1)
+    frame = map_frame(instances, curves, {})
+    assert (frame["savings_lo"].dropna() == frame["savings"].dropna()).all()
+    assert "indicative" in map_markdown(frame, instances[0])
+
+
+def test_the_figure_and_tables_come_through_the_study_hooks(tmp_path):
+    instances, curves = synthetic_map()
+    tables = REGISTRY["S6"].tables(instances, curves, {})
+    assert set(tables) == {"map"} and len(tables["map"][0]) == 4
+    fig = map_figure(tables["map"][0], instances[0])
+    assert len(fig.axes) == 4   # two heat maps and their colour bars
+    fig.savefig(tmp_path / "map.png")
+    assert (tmp_path / "map.png").stat().st_size > 10_000
