@@ -8,7 +8,7 @@ and what S5b needs (OPD from the external teacher on all of its domains):
 
 * **interference** levels: ``domains.<d>.interference`` (docs/method.md, "Domain interference") set on every domain
   of the world; each level is its own *world* (its own tokenizer, pretrained student and teacher: the share applies
-  to pretraining rows too). Level 0 removes the key (the world without interference).
+  to pretraining rows too). Level 0 is the world without interference (conf/domain's 0.0).
 * **thinking_fraction** levels: the student's ``models.<student>.pretrain.thinking_fraction`` (1.0: fluent in the
   teachers' step-by-step style; 0.0: a pure base student), one pretrained student per level and world.
 
@@ -79,12 +79,9 @@ def level_tag(level: float) -> str:
 
 
 def world_domains(domains: Mapping[str, Any], level: float) -> dict[str, Any]:
-    """Every domain block at interference ``level``; at 0 without the key (the world with none, hash-pinned)."""
-    out = {}
-    for name, block in domains.items():
-        block = {k: v for k, v in block.items() if k != "interference"}
-        out[name] = {**block, "interference": float(level)} if level > 0 else block
-    return out
+    """Every domain block at interference ``level`` (0.0: the world with none, hash-pinned; conf/domain's default, so
+    a level equal to the profile's is the profile's own world)."""
+    return {name: {**block, "interference": float(level)} for name, block in domains.items()}
 
 
 class S6(Study[S6Entry]):
