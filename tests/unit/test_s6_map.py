@@ -17,7 +17,7 @@ from opdgrpo.studies.s6 import level_tag, map_figure, map_frame, map_markdown
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
 OTHERS = ("S1", "S1b", "S2", "S3", "S4", "S5", "S5b")
-#: The smoke-sized map: 2 x 2 levels, the smoke profile's seed (tests/e2e/test_s6_map.py runs it).
+#: The smoke-sized map: 2 x 2 levels, the smoke profile's seed (tests/e2e/test_s6_map_dag.py runs it).
 SMOKE_MAP = ("+study@studies.S6=s6", "studies.S6.interference=[0,0.5]", "studies.S6.thinking_fraction=[1.0,0.0]",
              "studies.S6.min_levels=2", "studies.S6.joint_steps=6")
 

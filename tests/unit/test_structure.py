@@ -44,3 +44,14 @@ def test_the_report_never_imports_the_trainer_or_the_planner():
             package = "opdgrpo." + name.rsplit("/", 1)[0].replace("/", ".")
             bad = {m for m in _imports(tree, package) if m.split(".")[1:2] and m.split(".")[1] in ("train", "plan")}
             assert not bad, f"src/opdgrpo/{name} imports {sorted(bad)}: the report reads run directories only"
+
+
+def test_no_two_test_files_share_a_name():
+    """tests/ has no __init__.py (pytest's rootdir-relative import mode is not set), so two files with one basename in
+    different folders stop the whole collection with 'import file mismatch', on a clean clone where no cache hides it."""
+    tests = Path(__file__).resolve().parents[1]
+    seen: dict[str, list[str]] = {}
+    for p in tests.rglob("test_*.py"):
+        seen.setdefault(p.name, []).append(str(p.relative_to(tests)))
+    clashes = {n: ps for n, ps in seen.items() if len(ps) > 1}
+    assert not clashes, f"rename one of each: {clashes}"
