@@ -11,7 +11,13 @@ sandboxed interpreter per completion (~20 ms each) would dominate the step. So :
    enforces a per-item deadline and SIGKILLs a stuck item. Results come back through a pipe and the
    harness prints one JSON line per item, as it finishes (a harness silent for longer than an item's
    budget, e.g. one an item SIGSTOPped, ends the run early);
-3. if the batch run does not end ``"ok"`` or its output stops parsing, keeps the items whose lines
+3. remembers, per process, the outcome of every check whose verdict cannot depend on the machine's load
+   (``ok``, ``syntax``, ``runtime``: the program ran to its end or failed by itself), so a completion seen
+   in an earlier step or evaluation is not run again; a policy that has learnt a function writes it
+   again and again (a tiny GRPO run on code spent half its step in the sandbox). ``timeout``,
+   ``memory`` and ``sandbox`` outcomes are always run afresh. A program that draws random numbers keeps
+   its first draw, which is as fair a sample of its behaviour as a fresh one;
+4. if the batch run does not end ``"ok"`` or its output stops parsing, keeps the items whose lines
    arrived intact and in order, runs the item that was in flight alone (its own ``run_python``), and
    runs the rest as a new batch. So a program that kills or floods its harness costs its batch-mates
    nothing but a restart, and is scored on its own.
@@ -35,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -48,6 +55,9 @@ log = logging.getLogger(__name__)
 _SEVERITY = {"ok": 0, "runtime": 1, "memory": 2, "timeout": 3}
 _ITEM_SLACK_S = 0.5  # per item, on top of one time limit per test plus one for the module's own code
 _STARTUP_S = 3.0  # sandbox start-up allowance for a run of one item
+_REMEMBERED = ("ok", "syntax", "runtime")  # outcomes the program decides alone, never the machine's load
+_MEMO_SIZE = 65536  # outcomes kept per process (least recently used dropped): a few MB at most
+_memo: "OrderedDict[tuple, CheckOutcome]" = OrderedDict()
 
 
 @dataclass(frozen=True)
@@ -112,20 +122,38 @@ def check_programs(
         order.append(index_of[key])
     if not items:
         return []
-    n_workers = max(1, min(workers or min(4, os.cpu_count() or 1), len(items)))
-    shards = [list(range(k, len(items), n_workers)) for k in range(n_workers)]
-    scored: dict[int, CheckOutcome] = {}
+    limits = (per_test_timeout_s, memory_mb)
+    keys = list(index_of)   # in item order
+    scored = {i: _memo[(keys[i], *limits)] for i in range(len(items)) if (keys[i], *limits) in _memo}
+    for i in scored:
+        _memo.move_to_end((keys[i], *limits))
+    fresh = [i for i in range(len(items)) if i not in scored]
+    if fresh:
+        scored.update(_run_fresh(fresh, items, per_test_timeout_s, batch_timeout_s, memory_mb, workers))
+    for i in fresh:
+        if scored[i].status in _REMEMBERED:
+            _memo[(keys[i], *limits)] = scored[i]
+    while len(_memo) > _MEMO_SIZE:
+        _memo.popitem(last=False)
+    return [scored[i] for i in order]
+
+
+def _run_fresh(fresh: list[int], items: list[_Item], per_test_s: float, batch_s: float, memory_mb: int,
+               workers: int | None) -> dict[int, CheckOutcome]:
+    """Run the items not remembered, split round-robin over concurrent harness runs."""
+    n_workers = max(1, min(workers or min(4, os.cpu_count() or 1), len(fresh)))
+    shards = [fresh[k::n_workers] for k in range(n_workers)]
 
     def run_shard(shard: list[int]) -> dict[int, CheckOutcome]:
-        return _score_all(shard, items, per_test_timeout_s, batch_timeout_s, memory_mb)
+        return _score_all(shard, items, per_test_s, batch_s, memory_mb)
 
     if n_workers == 1:
-        scored.update(run_shard(shards[0]))
-    else:
-        with ThreadPoolExecutor(n_workers) as pool:
-            for part in pool.map(run_shard, shards):
-                scored.update(part)
-    return [scored[i] for i in order]
+        return run_shard(shards[0])
+    scored: dict[int, CheckOutcome] = {}
+    with ThreadPoolExecutor(n_workers) as pool:
+        for part in pool.map(run_shard, shards):
+            scored.update(part)
+    return scored
 
 
 def _item(check: ProgramCheck) -> _Item:

@@ -20,6 +20,14 @@ def check(source: str, tests=TESTS, name: str = "f") -> ProgramCheck:
     return ProgramCheck(source, name, tests)
 
 
+@pytest.fixture(autouse=True)
+def fresh_memo():
+    """Each test starts with no remembered outcomes, so it runs the programs it names."""
+    execution._memo.clear()
+    yield
+    execution._memo.clear()
+
+
 @pytest.fixture
 def harness_runs(monkeypatch):
     """Count the sandbox runs check_programs makes (and the items each one carried)."""
@@ -125,6 +133,21 @@ def test_duplicates_are_run_once_and_results_stay_in_order(harness_runs):
     out = check_programs(inputs, workers=1)
     assert [o.passed for o in out] == [4, 0, 4, 4, 4, 0, 4]
     assert harness_runs == [3]
+
+
+def test_outcomes_the_program_decides_are_remembered_and_load_bound_ones_are_not(harness_runs):
+    """A completion scored in an earlier step is not run again (ok, syntax, runtime); a timeout, which the machine's
+    load can cause, is; so is the same program under other limits."""
+    good, broken, raising = check("def f(x):\n    return x*3+1\n"), check("def f(x) return\n"), check("def f(x):\n    1/0\n")
+    stuck = check("def f(x):\n    while True:\n        pass\n", tests=(((0,), 0),))
+    first = check_programs([good, broken, raising, stuck], per_test_timeout_s=0.2, workers=1)
+    assert [o.status for o in first] == ["ok", "syntax", "runtime", "timeout"]
+    assert harness_runs == [4]
+    again = check_programs([raising, good, stuck, broken], per_test_timeout_s=0.2, workers=1)
+    assert again == [first[2], first[0], first[3], first[1]]
+    assert harness_runs == [4, 1]   # only the timeout ran again
+    check_programs([good], per_test_timeout_s=0.3, workers=1)
+    assert harness_runs == [4, 1, 1]   # other limits: not the remembered outcome
 
 
 def test_comparison_is_by_value_outside_the_sandbox():
