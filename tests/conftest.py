@@ -64,6 +64,17 @@ def _restore_torch_threads():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_check_memo():
+    """The code checker remembers outcomes per process (opdgrpo.execution); each test runs the programs it names, so a
+    batch of hostile and good programs stays a batch in every test, not only the first."""
+    from opdgrpo import execution
+
+    execution._memo.clear()
+    yield
+    execution._memo.clear()
+
+
 @pytest.fixture
 def fresh_numerics(monkeypatch):
     """No fast-path decision carried over from another test, and ``OPDGRPO_FAST_PATHS`` unset."""

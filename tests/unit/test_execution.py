@@ -20,14 +20,6 @@ def check(source: str, tests=TESTS, name: str = "f") -> ProgramCheck:
     return ProgramCheck(source, name, tests)
 
 
-@pytest.fixture(autouse=True)
-def fresh_memo():
-    """Each test starts with no remembered outcomes, so it runs the programs it names."""
-    execution._memo.clear()
-    yield
-    execution._memo.clear()
-
-
 @pytest.fixture
 def harness_runs(monkeypatch):
     """Count the sandbox runs check_programs makes (and the items each one carried)."""
