@@ -14,7 +14,7 @@ sandboxed interpreter per completion (~20 ms each) would dominate the step. So :
 3. remembers, per process, the outcome of every check whose verdict cannot depend on the machine's load
    (``ok``, ``syntax``, ``runtime``: the program ran to its end or failed by itself), so a completion seen
    in an earlier step or evaluation is not run again; a policy that has learnt a function writes it
-   again and again (a tiny GRPO run on code spent half its step in the sandbox). ``timeout``,
+   again and again (a tiny GRPO code step spent about a fifth of its time in the sandbox). ``timeout``,
    ``memory`` and ``sandbox`` outcomes are always run afresh. A program that draws random numbers keeps
    its first draw, which is as fair a sample of its behaviour as a fresh one;
 4. if the batch run does not end ``"ok"`` or its output stops parsing, keeps the items whose lines
@@ -122,17 +122,16 @@ def check_programs(
         order.append(index_of[key])
     if not items:
         return []
-    limits = (per_test_timeout_s, memory_mb)
-    keys = list(index_of)   # in item order
-    scored = {i: _memo[(keys[i], *limits)] for i in range(len(items)) if (keys[i], *limits) in _memo}
+    memo_keys = [(key, per_test_timeout_s, memory_mb) for key in index_of]   # in item order; other limits, other key
+    scored = {i: _memo[k] for i, k in enumerate(memo_keys) if k in _memo}
     for i in scored:
-        _memo.move_to_end((keys[i], *limits))
+        _memo.move_to_end(memo_keys[i])
     fresh = [i for i in range(len(items)) if i not in scored]
     if fresh:
         scored.update(_run_fresh(fresh, items, per_test_timeout_s, batch_timeout_s, memory_mb, workers))
     for i in fresh:
         if scored[i].status in _REMEMBERED:
-            _memo[(keys[i], *limits)] = scored[i]
+            _memo[memo_keys[i]] = scored[i]
     while len(_memo) > _MEMO_SIZE:
         _memo.popitem(last=False)
     return [scored[i] for i in order]
