@@ -38,10 +38,25 @@ def compose(overrides: Sequence[str] = (), conf_dir: Path | None = None) -> dict
         except Exception as err:  # Hydra's own messages name the group/key; keep them, add where they came from
             hint = _override_hint(conf_dir, overrides)
             raise ConfigError(f"could not compose conf/ with overrides {list(overrides)}: {err}{hint}") from err
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = drop_switched_off(OmegaConf.to_container(cfg, resolve=True))
     validate(resolved)
     check_results_dir(resolved["results_dir"])
     return resolved
+
+
+#: The blocks whose entries a profile may switch off by setting them to null.
+SWITCHABLE = ("studies", "models")
+
+
+def drop_switched_off(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` without the studies and models set to null.
+
+    A profile built on another (``tiny-map`` on ``tiny``) names what it does not run as ``studies.S1: null``; Hydra
+    cannot delete a key from a config file, only from the command line (``~studies.S1``)."""
+    for block in SWITCHABLE:
+        if isinstance(cfg.get(block), dict):
+            cfg[block] = {k: v for k, v in cfg[block].items() if v is not None}
+    return cfg
 
 
 def _override_hint(conf_dir: Path, overrides: Sequence[str]) -> str:

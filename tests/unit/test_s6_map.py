@@ -73,16 +73,33 @@ def test_enabling_s6_changes_no_other_job():
         assert with_map.report_spec["studies"][name] == entry
 
 
-def test_tiny_map_plans_nine_cells_three_seeds():
+def test_tiny_map_plans_nine_cells_three_seeds_and_nothing_else():
     cfg = compose(["profile=tiny-map"], CONF)
     plan = build_plan(cfg)
+    assert list(plan.report_spec["studies"]) == ["S6"] and "teacher_l" not in cfg["models"]
     seeds = plan.report_spec["studies"]["S6"]["seeds"]
     assert len(seeds) == 3 and all(len(e["cells"]) == 9 for e in seeds)
-    s6_runs = [j for j in plan.runs() if j.studies == ["S6"]]
-    assert len(s6_runs) == 9 * 3 * 5
-    assert len(plan.by_kind("tokenizer")) == 3 and len(plan.by_kind("base")) == 3 + 8 + 2
-    joint = plan.jobs[seeds[0]["cells"][0]["joint"]].config
-    assert joint["method"]["steps"] == cfg["studies"]["S4"]["joint_steps"]   # the cells run S4's settings
+    assert len(plan.runs()) == 9 * 3 * 5 and all(j.studies == ["S6"] for j in plan.runs())
+    # 3 worlds (tokenizers), a student per cell (the default world's at the default fraction is `student`) and
+    # the teacher in each world
+    assert len(plan.by_kind("tokenizer")) == 3 and len(plan.by_kind("base")) == 9 + 3
+
+
+def test_tiny_map_cells_run_the_tiny_profiles_s4_and_s5b_settings():
+    tiny, tiny_map = compose(["profile=tiny"], CONF), compose(["profile=tiny-map"], CONF)
+    s6 = tiny_map["studies"]["S6"]
+    assert s6["joint_steps"] == tiny["studies"]["S4"]["joint_steps"]
+    assert s6["distill_steps"] == tiny["studies"]["S4"]["distill_steps"]
+    assert s6["external_steps"] == tiny["studies"]["S5b"]["steps"]
+    assert s6["teacher"] == tiny["studies"]["S5b"]["teacher"]
+    assert {k: v for k, v in tiny_map.items() if k not in ("profile", "studies", "models")} == \
+        {k: v for k, v in tiny.items() if k not in ("profile", "studies", "models")}
+
+
+def test_a_study_or_model_set_to_null_is_switched_off():
+    cfg = compose(["profile=smoke", "studies.S1=null", "models.teacher_l=null", "~studies.S1b", "~studies.S3"], CONF)
+    assert "S1" not in cfg["studies"] and "teacher_l" not in cfg["models"]
+    assert "teacher_l" not in {j.label for j in build_plan(cfg).by_kind("base")}
 
 
 def test_the_cost_model_prices_every_map_run():
