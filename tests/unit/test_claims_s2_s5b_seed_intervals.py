@@ -117,3 +117,19 @@ def test_constraints_table_shows_first_and_last_rates_per_kind(tmp_path):
     assert "| GRPO (a) | ifeval | 50 -> 75% | 25 -> 100% |" in table
     assert "(b)" not in table  # no rates at its first evaluation: no row rather than a misleading one
     assert "No run" in constraints_markdown({"runs": [{"run": "b"}]}, tmp_path)
+
+
+def test_s2_heldout_expects_opd_on_the_teachers_lowest_subsets_of_the_whole_study_not_of_one_seed():
+    """A seed that trained only 'mid' (teacher 50%): among all subsets 'hard' (10%) is the lowest, so with one low
+    subset GRPO is expected to win on 'mid'; ranked within the seed alone, 'mid' would be the lowest."""
+    data = subset_runs("mid", [0.1, 0.4, 0.6], [0.1, 0.5, 0.4], grpo_held=0.5, opd_held=0.3)
+    curves = pd.DataFrame(data, columns=CURVE_COLUMNS)
+    study = s2_study([("mid", 0.5)], low=1)
+    study["ranking"] = [{"name": "hard", "run": "grpo-hard", "teacher_rate": 0.1},
+                        {"name": "mid", "run": "grpo-mid", "teacher_rate": 0.5},
+                        {"name": "easy", "run": "grpo-easy", "teacher_rate": 0.9}]
+    out = eval_s2(study, curves, {})
+    assert out["S2-heldout"][1] == "holds" and out["S2-heldout"][2] == pytest.approx(0.2)
+    assert "lowest of 3" in out["S2-heldout"][0] and "expected GRPO" in out["S2-heldout"][0]
+    del study["ranking"]   # the seed's own subsets alone: 'mid' is the lowest, OPD expected, GRPO won
+    assert eval_s2(study, curves, {})["S2-heldout"][1] == "does not hold: not matched on mid"

@@ -144,3 +144,24 @@ def test_paper_profile_plans_every_study_offline(tmp_path):
     assert "difficulty-math-into_student_1p7b-qwen3_4b" in ids
     assert plan.jobs["opd-experts-math+code+ifeval+knowledge-s0"].config["train"]["mix"] == "instance"
     assert cfg["models"]["qwen3_32b"]["path"] == "Qwen/Qwen3-32B"
+
+
+def test_s2_spreads_its_subsets_over_the_seeds_and_ranks_over_all_of_them():
+    """tiny: 8 subsets over seeds 0, 1, 2 (3, 3 and 2 subsets); each seed's ranking names every subset's GRPO run."""
+    plan = build_plan(compose(["profile=tiny"], CONF))
+    per_seed = plan.report_spec["studies"]["S2"]["seeds"]
+    trained = [[sub["name"] for sub in entry["subsets"]] for entry in per_seed]
+    assert trained == [["s0t0", "s0t3", "s1t2"], ["s0t1", "s1t0", "s1t3"], ["s0t2", "s1t1"]]
+    s2_runs = [j for j in plan.runs() if j.studies == ["S2"]]
+    assert len(s2_runs) == 16 and all(j.id in plan.jobs for j in s2_runs)
+    for seed, entry in enumerate(per_seed):
+        assert all(sub["grpo"].endswith(f"-s{seed}") and sub["opd"].endswith(f"-s{seed}") for sub in entry["subsets"])
+        assert [r["name"] for r in entry["ranking"]] == [f"s{i}t{j}" for i in range(2) for j in range(4)]
+        assert all(r["run"] in plan.jobs for r in entry["ranking"])
+    assert per_seed[0]["ranking"] == per_seed[2]["ranking"]
+
+
+def test_s2_without_spreading_trains_every_subset_in_every_seed():
+    plan = build_plan(compose(["profile=tiny", "studies.S2.spread_over_seeds=false"], CONF))
+    assert all(len(entry["subsets"]) == 8 for entry in plan.report_spec["studies"]["S2"]["seeds"])
+    assert len([j for j in plan.runs() if j.studies == ["S2"]]) == 48

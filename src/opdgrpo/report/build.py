@@ -263,9 +263,13 @@ def draw_figures(
     for key in keys:
         instances = study_instances(spec["studies"][key])
         study = dict(instances[0])
+        replicated = REGISTRY[key].replicated
         ctx = PlotContext(curves=curves, labels=labels, savings={**first_rows, **summary_rows}, notes=notes,
-                          seed_runs=seed_twins(instances), instances=instances, final_flops=final_flops or {})
-        if len(instances) > 1:  # lines are means over seeds with a 95% band
+                          seed_runs=seed_twins(instances) if replicated else {}, instances=instances,
+                          final_flops=final_flops or {})
+        if len(instances) > 1 and not replicated:
+            study["title"] = f"{study.get('title', key)} ({len(instances)} seeds, each training its own subsets)"
+        elif len(instances) > 1:  # lines are means over seeds with a 95% band
             study["title"] = f"{study.get('title', key)} (mean and 95% interval over {len(instances)} seeds)"
         try:
             drawn = REGISTRY[key].figures(study, ctx)

@@ -342,15 +342,19 @@ def study_instances(study: Any) -> list[dict[str, Any]]:
 
 
 def instance_seed(spec: dict[str, Any], instance: dict[str, Any]) -> Any:
-    """The seed of a per-seed study entry: the spec's seed of the first run it names (None if none is listed)."""
+    """The seed of a per-seed study entry: the spec's seed of the first run it trained (the first value under one of
+    the studies' run keys; S2's ``ranking`` names other seeds' runs too). None if none is listed."""
+    from opdgrpo.studies import REGISTRY   # lazy: the studies import this module
+
+    run_keys = frozenset().union(*(study.run_keys for study in REGISTRY.values()))
     seeds = {e["run"]: e.get("seed") for e in spec.get("runs", [])}
-    stack: list[Any] = [instance]
+    stack: list[tuple[Any, bool]] = [(instance, False)]
     while stack:
-        node = stack.pop(0)
-        if isinstance(node, str) and node in seeds:
+        node, is_ref = stack.pop(0)
+        if isinstance(node, str) and is_ref and node in seeds:
             return seeds[node]
         if isinstance(node, dict):
-            stack.extend(v for k, v in node.items() if k != "title")
+            stack.extend((v, is_ref or k in run_keys) for k, v in node.items() if k != "title")
         elif isinstance(node, list):
-            stack.extend(node)
+            stack.extend((v, is_ref) for v in node)
     return None

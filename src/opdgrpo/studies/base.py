@@ -91,6 +91,9 @@ class Study(Generic[Entry]):
     direction_tests_rank: ClassVar[int] = 1000
     #: Keys of its report-spec entry (at any depth) whose values are run ids: the report checks they are planned.
     run_keys: ClassVar[frozenset[str]] = frozenset()
+    #: Whether every seed's entry names the same runs in the same places (its figures draw means over seeds). S2
+    #: spreads its subsets over the seeds, so its seeds' entries differ and each line is one run.
+    replicated: ClassVar[bool] = True
     #: A JSON Schema of its conf block beyond the keys every study shares (src/opdgrpo/schemas/study.schema.yaml);
     #: config validation checks it, errors naming ``studies.<name>.<key>``. Rules across keys go in :meth:`validate`.
     schema: ClassVar[dict[str, Any] | None] = None

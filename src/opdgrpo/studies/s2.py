@@ -5,6 +5,12 @@ prompts into ``student_bins x teacher_bins`` subsets by the base student's and a
 GRPO and OPD from the teacher then train on each subset alone. Each subset run also scores its own training prompts
 (eval set ``in_domain``); the report copies each subset's solve rates from its GRPO run's ``done.json``.
 
+With several seeds and ``spread_over_seeds`` (the default), subset *i* is trained by seed ``seeds[i % n]`` only: the
+paper trains each subset once, and the seeds then replicate the study over disjoint groups of subsets (8 subsets
+over 3 seeds: 3, 3 and 2) at a third of the cost of every seed training every subset. Each seed's entry lists its own
+subsets and, under ``ranking``, every subset's GRPO run, so the subsets are ranked by the teacher's solve rate over
+all of them, not within a seed's group.
+
 * **S2-in**: on every subset, GRPO's final accuracy on the subset's own prompts > OPD's peak there.
 * **S2-heldout**: subsets ranked by the teacher's solve rate; OPD's final held-out accuracy > GRPO's on the
   ``low_teacher_subsets`` lowest-ranked ones (3 in the paper), GRPO's >= OPD's on the rest.
@@ -38,13 +44,22 @@ class Subset(TypedDict):
     size: NotRequired[int]
 
 
+class Ranked(TypedDict):
+    """A subset of the whole study (whichever seed trained it) and the GRPO run whose ``done.json`` has its rates."""
+
+    name: str
+    run: str
+    teacher_rate: NotRequired[float]
+
+
 class S2Entry(TypedDict):
-    """Report-spec entry of S2."""
+    """Report-spec entry of S2 (one per seed): this seed's subsets, and every subset for the ranking."""
 
     title: str
     domain: str
     teacher_model: str
     subsets: list[Subset]
+    ranking: list[Ranked]
     low_teacher_subsets: int
 
 
@@ -69,10 +84,11 @@ class S2(Study[S2Entry]):
     )
     direction_tests_rank = 50
     run_keys = frozenset({"grpo", "opd"})
+    replicated = False   # seeds train different subsets: no seed's run has a twin in another seed
     schema = {
         "type": "object",
         "required": ["domain", "teacher", "k", "temperature", "student_bins", "teacher_bins", "batch_size",
-                     "pool_size", "low_teacher_subsets"],
+                     "pool_size", "low_teacher_subsets", "spread_over_seeds"],
         "properties": {
             "k": {"type": "integer", "minimum": 1, "description": "samples per prompt for a solve rate"},
             "temperature": {"type": "number", "minimum": 0},
@@ -89,6 +105,9 @@ class S2(Study[S2Entry]):
             "opd_steps": {"type": ["integer", "null"], "minimum": 1},
             "eval_every": {"type": ["integer", "null"], "minimum": 1},
             "in_domain_eval_size": {"type": ["integer", "null"], "minimum": 1},
+            "spread_over_seeds": {"type": "boolean",
+                                  "description": "true: subset i is trained by seed seeds[i % len(seeds)] only (the "
+                                                 "paper trains each subset once); false: every seed trains every subset"},
         },
     }
 
@@ -108,7 +127,8 @@ class S2(Study[S2Entry]):
                               f"got {low}")
 
     def plan(self, planner: Planner, s: Mapping[str, Any], seed: int) -> S2Entry:
-        """The selection job, then a GRPO and an OPD run on each subset."""
+        """The selection job, then a GRPO and an OPD run on each of this seed's subsets (all of them unless
+        ``spread_over_seeds``)."""
         from opdgrpo.subsets import subset_names
 
         d, t, st = s["domain"], s["teacher"], study_student(s)
@@ -116,17 +136,23 @@ class S2(Study[S2Entry]):
         if self.name not in selection.studies:
             selection.studies.append(self.name)
         evals = {"eval_every": s.get("eval_every")}
+        names = subset_names(int(s["student_bins"]), int(s["teacher_bins"]))
+        trained_by = {name: trainer_seed(i, seed, planner.cfg["seeds"], bool(s["spread_over_seeds"]))
+                      for i, name in enumerate(names)}
         subsets = []
-        for name in subset_names(int(s["student_bins"]), int(s["teacher_bins"])):
+        for name in names:
+            if trained_by[name] != seed:
+                continue
             sub = (selection, {"domain": d, "subset": name, "eval_size": s.get("in_domain_eval_size")})
-            grpo = planner.run(f"grpo-{st}-{d}_{name}-s{seed}", self.name, "grpo", [d], seed, f"base:{st}",
+            grpo = planner.run(_grpo_id(st, d, name, seed), self.name, "grpo", [d], seed, f"base:{st}",
                                method_overrides={"steps": s.get("grpo_steps")}, label=f"GRPO {name}",
                                train_overrides=evals, subset=sub)
             opd = planner.run(f"opd-{t}-{into(st)}{d}_{name}-s{seed}", self.name, "opd", [d], seed, f"base:{st}",
                               {d: f"base:{t}"}, {"steps": s.get("opd_steps")}, label=f"OPD {t} {name}",
                               train_overrides=evals, subset=sub)
             subsets.append(Subset(name=name, grpo=grpo.id, opd=opd.id))
-        return S2Entry(title=s["title"], domain=d, teacher_model=t, subsets=subsets,
+        ranking = [Ranked(name=name, run=_grpo_id(st, d, name, trained_by[name])) for name in names]
+        return S2Entry(title=s["title"], domain=d, teacher_model=t, subsets=subsets, ranking=ranking,
                        low_teacher_subsets=int(s.get("low_teacher_subsets", 3)))
 
     def cost_rows(self, entry: S2Entry, sheet: CostSheet) -> None:
@@ -136,18 +162,12 @@ class S2(Study[S2Entry]):
         sheet.add(f"OPD {entry['teacher_model']}, {len(opd)} subsets", opd)
 
     def attach(self, entry: S2Entry, runs_dir: Path) -> None:
-        """Copy each subset's solve rates from its GRPO run's ``done.json`` into the entry (they rank the subsets;
-        the report reads run directories only)."""
-        from opdgrpo.report.curves import ReportInputError
-
+        """Copy each subset's solve rates from its GRPO run's ``done.json`` into the entry, for this seed's subsets
+        and for the ranking over all of them (the report reads run directories only)."""
         for sub in entry.get("subsets", []):
-            done = Path(runs_dir) / sub["grpo"] / "done.json"
-            if not done.is_file():
-                raise ReportInputError(f"{done}: not found ({self.name} subset {sub['name']})")
-            info = json.loads(done.read_text(encoding="utf-8")).get("train_subset")
-            if not info:
-                raise ReportInputError(f"{done}: no 'train_subset' ({self.name} subset {sub['name']}); rerun the run")
-            sub.update({k: info[k] for k in ("student_rate", "teacher_rate", "size") if k in info})  # type: ignore[typeddict-item]
+            sub.update(_subset_info(Path(runs_dir), sub["grpo"], sub["name"]))  # type: ignore[typeddict-item]
+        for ranked in entry.get("ranking", []):
+            ranked["teacher_rate"] = _subset_info(Path(runs_dir), ranked["run"], ranked["name"])["teacher_rate"]
 
     def figures(self, entry: S2Entry, ctx: PlotContext) -> dict[str, Figure]:
         """One panel per subset (ranked by the teacher's solve rate): GRPO and OPD on the subset's own prompts
@@ -157,12 +177,13 @@ class S2(Study[S2Entry]):
 
         key, domain = self.name, entry["domain"]
         acc_panels, len_panels = [], []
-        subsets = sorted(entry.get("subsets", []), key=lambda sub: (float(sub.get("teacher_rate", 0.0)), sub["name"]))
+        every = [sub for inst in (ctx.instances or [entry]) for sub in inst.get("subsets", [])]   # every seed's
+        subsets = sorted(every, key=lambda sub: (float(sub.get("teacher_rate", 0.0)), sub["name"]))
         for sub in subsets:
             rates = ""
             if "teacher_rate" in sub:
                 rates = f" (solve rate: student {100 * sub['student_rate']:.0f}%, teacher {100 * sub['teacher_rate']:.0f}%)"
-            acc = Panel(title=f"{sub['name']}{rates}", ylabel="accuracy (%)")
+            acc = Panel(title=f"{sub['name']}{rates}{_seed_of(sub['grpo'])}", ylabel="accuracy (%)")
             length = Panel(title=f"{sub['name']}{rates}", ylabel="mean response length (tokens)")
             for method, run in (("GRPO", sub["grpo"]), ("OPD", sub["opd"])):
                 acc.lines.append(ctx.line(run, IN_DOMAIN_SET, f"{method}, in-domain", color_key=method))
@@ -192,8 +213,44 @@ class S2(Study[S2Entry]):
         if any("teacher_rate" not in sub for sub in subsets):
             raise ReportInputError("S2: subsets lack the teacher's solve rate (the runs' done.json has no train_subset)")
         out: Verdicts = {"S2-in": _in_domain_verdict(subsets, curves)}
-        out["S2-heldout"] = _heldout_verdict(domain, subsets, int(entry.get("low_teacher_subsets", 3)), curves)
+        ranking = entry.get("ranking") or subsets
+        if any("teacher_rate" not in r for r in ranking):
+            raise ReportInputError("S2: the ranking lacks the teacher's solve rates (attach was not run)")
+        low = _lowest(ranking, int(entry.get("low_teacher_subsets", 3)))
+        out["S2-heldout"] = _heldout_verdict(domain, subsets, low, len(ranking), curves)
         return out
+
+
+def trainer_seed(index: int, seed: int, seeds: list[int], spread: bool) -> int:
+    """The seed that trains subset ``index``: ``seed`` itself, or with ``spread`` the seeds in turn."""
+    return seeds[index % len(seeds)] if spread else seed
+
+
+def _grpo_id(student: str, domain: str, subset: str, seed: int) -> str:
+    return f"grpo-{student}-{domain}_{subset}-s{seed}"
+
+
+def _seed_of(run: str) -> str:
+    return f", seed {run.rsplit('-s', 1)[1]}" if "-s" in run else ""
+
+
+def _subset_info(runs_dir: Path, run: str, name: str) -> dict[str, Any]:
+    """A subset's solve rates and size, as its GRPO run's ``done.json`` recorded them."""
+    from opdgrpo.report.curves import ReportInputError
+
+    done = runs_dir / run / "done.json"
+    if not done.is_file():
+        raise ReportInputError(f"{done}: not found (S2 subset {name})")
+    info = json.loads(done.read_text(encoding="utf-8")).get("train_subset")
+    if not info:
+        raise ReportInputError(f"{done}: no 'train_subset' (S2 subset {name}); rerun the run")
+    return {k: info[k] for k in ("student_rate", "teacher_rate", "size") if k in info}
+
+
+def _lowest(ranking: list[Any], n_low: int) -> set[str]:
+    """The names of the ``n_low`` subsets the teacher solves least, over every subset of the study."""
+    ranked = sorted(ranking, key=lambda sub: (float(sub["teacher_rate"]), sub["name"]))
+    return {sub["name"] for sub in ranked[:n_low]}
 
 
 def _in_domain_curve(curves: pd.DataFrame, run: str) -> pd.DataFrame:
@@ -227,14 +284,14 @@ def _in_domain_verdict(subsets: list[Subset], curves: pd.DataFrame) -> tuple:
             min(in_margins), True)
 
 
-def _heldout_verdict(domain: str, subsets: list[Subset], n_low: int, curves: pd.DataFrame) -> tuple:
-    """S2-heldout: OPD finishes higher on held-out on the ``n_low`` subsets the teacher solves least, GRPO on the rest."""
+def _heldout_verdict(domain: str, subsets: list[Subset], low: set[str], n_all: int, curves: pd.DataFrame) -> tuple:
+    """S2-heldout: OPD finishes higher on held-out on the subsets in ``low`` (the teacher's lowest solve rates over
+    all ``n_all`` subsets of the study), GRPO on the rest; ``subsets`` are the ones this seed trained."""
     from opdgrpo.report.curves import domain_curve, format_pct
     from opdgrpo.report.uncertainty import FAILS, HOLDS
 
     n = len(subsets)
     ranked = sorted(subsets, key=lambda sub: (float(sub["teacher_rate"]), sub["name"]))
-    low = {sub["name"] for sub in ranked[:n_low]}
     parts, mismatched, margins = [], [], []
     for sub in ranked:
         g = float(domain_curve(curves, sub["grpo"], domain)["accuracy"].iloc[-1])
@@ -242,12 +299,12 @@ def _heldout_verdict(domain: str, subsets: list[Subset], n_low: int, curves: pd.
         winner = "OPD" if o > g else "GRPO"
         expected = "OPD" if sub["name"] in low else "GRPO"
         margins.append(o - g if expected == "OPD" else g - o)
-        parts.append(f"{sub['name']} (teacher {100 * float(sub['teacher_rate']):.0f}%): {winner} "
+        parts.append(f"{sub['name']} (teacher {100 * float(sub['teacher_rate']):.0f}%, expected {expected}): {winner} "
                      f"{format_pct(max(o, g))} vs {format_pct(min(o, g))}")
         if winner != expected:
             mismatched.append(sub["name"])
-    ours = (f"ranked by teacher solve rate: {'; '.join(parts)}; pattern (OPD on the {n_low} lowest, GRPO on the rest) "
-            f"matched on {n - len(mismatched)}/{n}")
+    ours = (f"ranked by teacher solve rate: {'; '.join(parts)}; pattern (OPD on the {len(low)} lowest of {n_all}, GRPO "
+            f"on the rest) matched on {n - len(mismatched)}/{n}")
     return ours, HOLDS if not mismatched else f"{FAILS}: not matched on {', '.join(mismatched)}", min(margins), True
 
 
