@@ -133,3 +133,35 @@ def test_s2_heldout_expects_opd_on_the_teachers_lowest_subsets_of_the_whole_stud
     assert "lowest of 3" in out["S2-heldout"][0] and "expected GRPO" in out["S2-heldout"][0]
     del study["ranking"]   # the seed's own subsets alone: 'mid' is the lowest, OPD expected, GRPO won
     assert eval_s2(study, curves, {})["S2-heldout"][1] == "does not hold: not matched on mid"
+
+
+def test_s2_spread_over_seeds_draws_every_subset_once_and_decides_by_the_interval_over_groups():
+    """Three seeds training 2, 1 and 1 of four subsets: the figure has a panel per subset (naming its seed), and the
+    claims table gives S2-in an interval over the three seeds' groups."""
+    from opdgrpo.report.build import draw_figures
+    from opdgrpo.report.claims import evaluate_claims
+
+    groups = {0: [("a", 0.1), ("c", 0.6)], 1: [("b", 0.3)], 2: [("d", 0.9)]}
+    data, seeds, runs = [], [], []
+    for seed, subsets in groups.items():
+        entry = s2_study(subsets, low=1)
+        for sub in entry["subsets"]:
+            for key in ("grpo", "opd"):
+                sub[key] = f"{sub[key]}-s{seed}"
+                runs.append({"run": sub[key], "seed": seed, "method": key, "label": sub[key]})
+            data += [dict(r, run=f"{r['run']}-s{seed}", seed=seed)
+                     for r in subset_runs(sub["name"], [0.1, 0.4, 0.6 + seed / 100], [0.1, 0.5, 0.4], 0.3, 0.2)]
+        entry["ranking"] = [{"name": n, "run": f"grpo-{n}", "teacher_rate": r}
+                            for n, r in (("a", 0.1), ("b", 0.3), ("c", 0.6), ("d", 0.9))]
+        seeds.append(entry)
+    spec = {"profile": "test", "runs": runs, "studies": {"S2": {"title": "S2", "seeds": seeds}}}
+    curves = pd.DataFrame(data, columns=CURVE_COLUMNS)
+    figures = draw_figures(spec, ["S2"], curves, [], [])
+    titles = [ax.get_title() for ax in figures["S2_accuracy"].axes if ax.get_title()]
+    assert len(titles) == 4 and titles[0].startswith("a (") and titles[0].endswith("seed 0")
+    assert "each training its own subsets" in figures["S2_accuracy"].get_suptitle().replace("\n", " ")
+    verdicts = {c.id: (ours, verdict) for c, ours, verdict in evaluate_claims(spec, curves, [])}
+    ours, verdict = verdicts["S2-in"]
+    assert verdict == "holds" and "over 3 seeds" in ours and "seed 2:" in ours   # margins 0.10, 0.11, 0.12
+    # GRPO wins held-out everywhere: seed 0 misses on a (OPD expected: -0.1), seeds 1 and 2 match (+0.1 each)
+    assert verdicts["S2-heldout"][1].startswith("inconclusive")

@@ -231,7 +231,11 @@ def _grpo_id(student: str, domain: str, subset: str, seed: int) -> str:
 
 
 def _seed_of(run: str) -> str:
-    return f", seed {run.rsplit('-s', 1)[1]}" if "-s" in run else ""
+    """``", seed 1"`` for a run id ending in ``-s1`` (the planner's naming), else nothing."""
+    import re
+
+    found = re.search(r"-s(\d+)$", run)
+    return f", seed {found.group(1)}" if found else ""
 
 
 def _subset_info(runs_dir: Path, run: str, name: str) -> dict[str, Any]:
