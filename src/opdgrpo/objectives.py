@@ -78,6 +78,7 @@ class Objective(Protocol):
     rollouts_per_prompt: int
     aggregation: str
     scores_with_teachers: bool
+    needs_rewards: bool   # the loss reads the verifiers' rewards (GRPO); OPD scores its rollouts only for the ledger
 
     def loss(self, logits: torch.Tensor, shard: Shard, normalizer: float | None, check: Check,
              flops: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -111,7 +112,7 @@ class GRPOObjective:
     KL(policy || reference) per token, the reference's log-probs being :attr:`Shard.ref_logprobs`.
     """
 
-    name, scores_with_teachers = "grpo", False
+    name, scores_with_teachers, needs_rewards = "grpo", False, True
 
     def __init__(self, method: dict[str, Any], temperature: float = 1.0):
         self.rollouts_per_prompt = int(method["group_size"])
@@ -169,7 +170,7 @@ class OPDObjective:
     forward is a collective: every process forwards every teacher for every shard, a one-row stand-in where its
     shard has no row of that domain."""
 
-    name, scores_with_teachers = "opd", True
+    name, scores_with_teachers, needs_rewards = "opd", True, False
 
     def __init__(self, method: dict[str, Any], teachers: dict[str, torch.nn.Module], precision: str,
                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS, temperature: float = 1.0):

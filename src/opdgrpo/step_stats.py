@@ -40,6 +40,7 @@ class StepStats:
     tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_KINDS, 0))
     loss: float = 0.0          # summed over shards and updates (each shard's loss normalised by its update's batch)
     reward: float = 0.0        # summed over sequences
+    scored: bool = True        # the verifiers scored the step's rollouts (OPD with `score_rollouts: false` does not)
     length: float = 0.0        # response tokens, summed over sequences
     sequences: int = 0
     metrics: dict[str, float] = field(default_factory=dict)   # summed over shard losses; the ledger has their mean
@@ -75,7 +76,8 @@ class StepStats:
         self.tokens["prompt"] += int(shard.attention_mask[:, : ro.prompt_len].sum())
         self.tokens["completion"] += int(shard.mask.sum())
         self.tokens["rollout_computed"] += int(ro.tokens_computed)
-        self.reward += float(shard.scored.rewards.sum())
+        if self.scored:
+            self.reward += float(shard.scored.rewards.sum())
         self.length += sum(shard.scored.response_lengths)
         self.sequences += batch
 
@@ -113,7 +115,7 @@ class StepStats:
             return {"step": step, "skipped": self.skipped, "flops": self.flops, "step_flops": step_flops,
                     "cumulative_flops": cumulative, **rate}
         return {"step": step, "tokens": self.tokens, "flops": self.flops, "step_flops": step_flops,
-                "cumulative_flops": cumulative, "reward": self.reward / self.sequences,
+                "cumulative_flops": cumulative, "reward": self.reward / self.sequences if self.scored else None,
                 "loss": self.loss / self.updates, "grad_norm": float(self.grad_norm) / self.updates,
                 "mean_response_length": self.length / self.sequences,
                 "metrics": {n: v / losses for n, v in self.metrics.items()},   # mean over shard losses

@@ -256,6 +256,9 @@ def _sample(run: Run, step: int, stats: StepStats, guard: Guard) -> list[Shard]:
     prompts = batch_tasks(run.pools, run.counts, step, int(run.cfg["seed"]))
     bounds, shared = shard_bounds(len(prompts), run.settings["shards"]), run.cfg["train"]
     per_prompt, device, shards = run.objective.rollouts_per_prompt, run.workers.device, []
+    # OPD's loss does not read rewards: `score_rollouts: false` leaves the ledger's `reward` null and skips the
+    # verifiers (the code sandbox is about a third of an OPD code step); held-out evaluation scores as always.
+    stats.scored = run.objective.needs_rewards or bool(run.cfg["method"].get("score_rollouts", True))
     with run.workers.full_params(run.model) as policy:
         policy.eval()
         if run.engine:   # the weights after ``step`` updates, into the engine in memory (once per version)
@@ -266,9 +269,10 @@ def _sample(run: Run, step: int, stats: StepStats, guard: Guard) -> list[Shard]:
             with autocast(run.settings["precision"], device.type):
                 scored = sample_and_score(policy, run.tokenizer, run.domains, tasks, max_new_tokens=int(shared["max_new_tokens"]),
                                           temperature=float(shared["temperature"]), generator=generator, fmt=run.fmt,
-                                          engine=run.engine)
+                                          engine=run.engine, with_rewards=stats.scored)
             stats.flops["rollout"] += scored.rollouts.flops
-            scored.rewards = guard.check(scored.rewards, "rewards")
+            if stats.scored:
+                scored.rewards = guard.check(scored.rewards, "rewards")
             shards.append(Shard(tasks, scored))
             stats.add_sampled(shards[-1])
         policy.train()

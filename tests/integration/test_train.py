@@ -73,6 +73,24 @@ def test_opd_counts_teacher_forward_exactly(smoke_world, tmp_path):
     assert record["loss"] >= 0 and record["metrics"]["kl"] >= 0
 
 
+def test_opd_without_scoring_its_rollouts_trains_the_same_and_leaves_reward_null(smoke_world, tmp_path):
+    """`score_rollouts: false` skips the verifiers on training rollouts: the same losses, tokens, FLOPs and held-out
+    evaluations as a scoring run, and `reward` null in the ledger (OPD's loss never reads it)."""
+    _, plan = smoke_world
+    runs = {}
+    for score in (True, False):
+        cfg = _config(plan, "opd-teacher_m-code-s0", tmp_path, steps=2, score_rollouts=score)
+        train(cfg, tmp_path / f"score-{score}")
+        runs[score] = (read_jsonl(tmp_path / f"score-{score}" / "ledger.jsonl"),
+                       read_jsonl(tmp_path / f"score-{score}" / "evals.jsonl"))
+    (scored, scored_evals), (unscored, unscored_evals) = runs[True], runs[False]
+    assert all(isinstance(r["reward"], float) for r in scored) and all(r["reward"] is None for r in unscored)
+    for a, b in zip(scored, unscored, strict=True):
+        assert (a["loss"], a["tokens"], a["flops"], a["mean_response_length"]) == \
+            (b["loss"], b["tokens"], b["flops"], b["mean_response_length"])
+    assert [e["results"] for e in scored_evals] == [e["results"] for e in unscored_evals]
+
+
 def test_domain_counts_and_batches_are_reproducible():
     pools = {"math": list(range(30)), "code": list(range(10))}
     assert domain_counts(pools, 8, "balanced") == {"code": 4, "math": 4}

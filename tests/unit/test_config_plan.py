@@ -165,3 +165,9 @@ def test_s2_without_spreading_trains_every_subset_in_every_seed():
     plan = build_plan(compose(["profile=tiny", "studies.S2.spread_over_seeds=false"], CONF))
     assert all(len(entry["subsets"]) == 8 for entry in plan.report_spec["studies"]["S2"]["seeds"])
     assert len([j for j in plan.runs() if j.studies == ["S2"]]) == 48
+
+
+def test_grpo_refuses_to_skip_scoring():
+    """GRPO trains on the rewards: the key exists for OPD only, and the schema names it for GRPO."""
+    with pytest.raises(ConfigError, match=r"score_rollouts"):
+        compose(["profile=smoke", "+methods.grpo.score_rollouts=false"], CONF)
