@@ -342,19 +342,9 @@ def study_instances(study: Any) -> list[dict[str, Any]]:
 
 
 def instance_seed(spec: dict[str, Any], instance: dict[str, Any]) -> Any:
-    """The seed of a per-seed study entry: the spec's seed of the first run it trained (the first value under one of
-    the studies' run keys; S2's ``ranking`` names other seeds' runs too). None if none is listed."""
-    from opdgrpo.studies import REGISTRY   # lazy: the studies import this module
+    """The seed of a per-seed study entry: the spec's seed of the first run it trained, i.e. of the first value under
+    one of the studies' run keys (S2's ``ranking`` names other seeds' runs too). None if none is listed."""
+    from opdgrpo.report.build import referenced_runs   # lazy: build imports this module
 
-    run_keys = frozenset().union(*(study.run_keys for study in REGISTRY.values()))
     seeds = {e["run"]: e.get("seed") for e in spec.get("runs", [])}
-    stack: list[tuple[Any, bool]] = [(instance, False)]
-    while stack:
-        node, is_ref = stack.pop(0)
-        if isinstance(node, str) and is_ref and node in seeds:
-            return seeds[node]
-        if isinstance(node, dict):
-            stack.extend((v, is_ref or k in run_keys) for k, v in node.items() if k != "title")
-        elif isinstance(node, list):
-            stack.extend((v, is_ref) for v in node)
-    return None
+    return next((seeds[run] for run in referenced_runs(instance) if run in seeds), None)

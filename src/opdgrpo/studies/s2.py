@@ -19,6 +19,7 @@ all of them, not within a seed's group.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
@@ -232,8 +233,6 @@ def _grpo_id(student: str, domain: str, subset: str, seed: int) -> str:
 
 def _seed_of(run: str) -> str:
     """``", seed 1"`` for a run id ending in ``-s1`` (the planner's naming), else nothing."""
-    import re
-
     found = re.search(r"-s(\d+)$", run)
     return f", seed {found.group(1)}" if found else ""
 
