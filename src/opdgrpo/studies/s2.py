@@ -185,7 +185,7 @@ class S2(Study[S2Entry]):
             if "teacher_rate" in sub:
                 rates = f" (solve rate: student {100 * sub['student_rate']:.0f}%, teacher {100 * sub['teacher_rate']:.0f}%)"
             acc = Panel(title=f"{sub['name']}{rates}{_seed_of(sub['grpo'])}", ylabel="accuracy (%)")
-            length = Panel(title=f"{sub['name']}{rates}", ylabel="mean response length (tokens)")
+            length = Panel(title=f"{sub['name']}{rates}{_seed_of(sub['grpo'])}", ylabel="mean response length (tokens)")
             for method, run in (("GRPO", sub["grpo"]), ("OPD", sub["opd"])):
                 acc.lines.append(ctx.line(run, IN_DOMAIN_SET, f"{method}, in-domain", color_key=method))
                 acc.lines.append(ctx.line(run, domain, f"{method}, held-out {domain}", linestyle=":", marker="s",
