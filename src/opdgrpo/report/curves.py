@@ -344,7 +344,7 @@ def study_instances(study: Any) -> list[dict[str, Any]]:
 def instance_seed(spec: dict[str, Any], instance: dict[str, Any]) -> Any:
     """The seed of a per-seed study entry: the spec's seed of the first run it trained, i.e. of the first value under
     one of the studies' run keys (S2's ``ranking`` names other seeds' runs too). None if none is listed."""
-    from opdgrpo.report.build import referenced_runs   # lazy: build imports this module
+    from opdgrpo.report.build import referenced_runs  # lazy: build imports this module
 
     seeds = {e["run"]: e.get("seed") for e in spec.get("runs", [])}
     return next((seeds[run] for run in referenced_runs(instance) if run in seeds), None)
