@@ -167,6 +167,13 @@ def test_items_do_not_share_globals():
     assert out[1] == CheckOutcome(2, 2, "ok")
 
 
+def test_an_item_sees_only_its_own_module():
+    """The harness's warm-up runs before any fork: an item's globals hold its own names and nothing else."""
+    source = "def f(x):\n    return sorted(k for k in globals() if k != '__builtins__')\n"
+    out = check_programs([check(source, (((0,), ["__name__", "f"]),))], workers=1)
+    assert out[0] == CheckOutcome(1, 1, "ok")
+
+
 def test_background_process_is_cleaned_up_between_items():
     if not isolation()["pid"]:
         pytest.skip("no PID namespace: an item's setsid() daemon cannot be swept")
