@@ -33,7 +33,7 @@ from opdgrpo.runio import append_jsonl, write_json
 
 REPO = Path(__file__).resolve().parents[2]
 SETS = {"math": {"amc": 150, "aime": 150}, "code": {"lcb": 150}}   # n prompts per held-out set
-K = 4                                                              # avg@4, as the tiny profile
+K = 4                                                              # avg@4: the tiny profile's k when this was written
 
 
 # ------------------------------------------------------------------------------------------------- the rule itself
