@@ -402,7 +402,7 @@ def map_figure(frame: pd.DataFrame, entry: S6Entry) -> Figure:
     FigureCanvasAgg(fig)
     left, right = fig.subplots(1, 2)
     marks = {"positive": "+", "negative": "-", "inconclusive": "?"}
-    sav_labels = [[f"{_pct(r['savings'], r['savings_lo'], r['savings_hi'], True).replace('n/a', 'never matched')}"
+    sav_labels = [[f"{_pct_cell(r['savings'], r['savings_lo'], r['savings_hi'])}"
                    f"\n{marks[r['savings_sign']]} ({r['matched']} matched)" for r in row] for row in _rows(frame, xs, ys)]
     image = _heatmap(left, _percent(_grid(frame, "savings", xs, ys)), sav_labels, xs, ys, "RdBu", (-100, 100))
     fig.colorbar(image, ax=left, label="savings vs joint GRPO (%)")
@@ -418,10 +418,21 @@ def map_figure(frame: pd.DataFrame, entry: S6Entry) -> Figure:
                 unsure = r["collapse"].startswith("inconclusive")
                 right.add_patch(Rectangle((j - 0.47, i - 0.47), 0.94, 0.94, fill=False, edgecolor="#d62728",
                                           linewidth=3, linestyle="--" if unsure else "-"))
-    right.set_title(f"S5b collapse, OPD from {entry['teacher_model']} on "
-                    f"{' + '.join(entry['collapse_domains'])}\n(red box: collapse, dashed: inconclusive)", fontsize=10)
+    right.set_title(f"S5b collapse, OPD from {entry['teacher_model']} on {' + '.join(entry['external_domains'])}\n"
+                    f"(read on {' + '.join(entry['collapse_domains'])}; red box: collapse, dashed: inconclusive)",
+                    fontsize=10)
     fig.suptitle(f"S6: {entry.get('title', 'sensitivity map')}", fontsize=12)
     return fig
+
+
+def _pct_cell(mean: float, lo: float, hi: float) -> str:
+    """A savings cell's text: the interval on its own line, whole percents beyond +-100% (a pipeline that costs
+    100x joint GRPO reads -9900%, whose decimals would only crowd the cell)."""
+    if mean != mean:
+        return "never matched"
+    fmt = "+.0f" if max(abs(mean), abs(lo), abs(hi)) >= 1 else "+.1f"
+    text = f"{100 * mean:{fmt}}%"
+    return text if lo == hi else f"{text}\n[{100 * lo:{fmt}}, {100 * hi:{fmt}}]"
 
 
 def _rows(frame: pd.DataFrame, xs: Sequence[float], ys: Sequence[float]) -> list[list[Any]]:
