@@ -39,7 +39,6 @@ FIRST_POLL_S = 5                             # --slurm-init-seconds-before-statu
 # parsing and the resubmissions are the real ones.
 POLL_S = 5
 SLURM_SNAKEMAKE = [sys.executable, "-c", (
-    "import sys\n"
     "from snakemake_executor_plugin_slurm import Executor\n"
     "wait = Executor.next_seconds_between_status_checks\n"
     f"Executor.next_seconds_between_status_checks = property(wait.fget, lambda self, s: wait.fset(self, min(s, {POLL_S})))\n"
@@ -312,8 +311,8 @@ def test_a_job_with_two_processes_runs_them_inside_its_allocation(slurm_and_loca
 # into the job, of which the job's own Snakemake and the trainer's start take 10 to 15 s. Each attempt trains until
 # then, checkpoints, exits 130, and Snakemake resubmits it (the profile's preemptible-retries) until the run
 # completes. Steps last at least PACE_S (OPDGRPO_FAULT=pace: a sleep, numbers unchanged), so the run needs 52 s of
-# steps, more than one allocation gives, on any machine: 2 or 3 attempts of about 65 s each (the plugin polls
-# job states at growing intervals: 5, 20, 45, 80 s after submission).
+# steps, more than one allocation gives, on any machine: 2 or 3 attempts of up to about 60 s each (Snakemake sees
+# an attempt's end within POLL_S, then resubmits).
 LIMITED_RUN = "grpo-student-math-s0"
 LIMITED_STEPS, PACE_S = 130, 0.4
 LIMIT_MIN, WARNING_S = 1, 5
