@@ -8,8 +8,8 @@ retry after a real error (a NaN stop) that refuses to train.
 Needs root and apt-get (Debian/Ubuntu) to install and start the daemons; skipped with the reason otherwise.
 The local run compared against is the session's whole smoke DAG (``smoke_dag``, tests/e2e/conftest.py, which
 tests/e2e/test_pipeline.py checks too), so this module alone also builds that; after test_pipeline.py it only adds
-S1, S3 and S4 through SLURM. The time-limited run and the refused retry need only their own upstream
-(`-k "time_limit or real_error"`)."""
+S1, S3 and S4 through SLURM. The time-limited run and the refused retry copy their upstream (tokenizer, student)
+from it too (`-k "time_limit or real_error"` still builds the smoke DAG first)."""
 
 from __future__ import annotations
 
@@ -233,8 +233,8 @@ def test_smoke_dag_through_slurm_matches_a_local_run(slurm_and_local_dags):
     values = [c for c in local_curves.columns if c not in keys]
     a, b = merged[[f"{c}_slurm" for c in values]].to_numpy(), merged[[f"{c}_local" for c in values]].to_numpy()
     differ = merged[((a != b) & ~(pd.isna(a) & pd.isna(b))).any(axis=1)]
-    # Code rewards run under wall-clock sandbox limits (the two DAGs ran at different times, under different loads), so a loaded machine
-    # can time out a correct program: during evaluation that moves a code row; during training it moves the run's
+    # Code rewards run under wall-clock sandbox limits (the two DAGs ran at different times, under different loads),
+    # so a loaded machine can time out a correct program: during evaluation that moves a code row; during training it moves the run's
     # advantages, so every row of a run that trains on code prompts (experts, joint runs, OPD routed to code).
     timed = (differ["eval_domain"] == "code") | differ["train_domains"].astype(str).str.split("+").apply(lambda d: "code" in d)
     code, other = differ[timed], differ[~timed]
