@@ -1,5 +1,6 @@
 """The smoke DAG end to end through Snakemake, in a temp directory, checking every contracted file;
-then what a config edit reschedules."""
+then what a config edit reschedules. The DAG is the session fixture ``smoke_dag`` (tests/e2e/conftest.py), which
+tests/e2e/test_slurm.py compares a SLURM run against."""
 
 from __future__ import annotations
 
@@ -26,18 +27,30 @@ def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*SNAKEMAKE, "--directory", str(workdir), *args], capture_output=True, text=True, timeout=1200)
 
 
+#: The dry runs the tests below read, by name: `snakemake -n` with these --config values against the finished DAG.
+DRY_RUNS = {"unchanged": ("profile=smoke",),
+            "opd_top_k": ("profile=smoke", "overrides=[methods.opd.top_k=8]"),
+            "grpo_clip_eps": ("profile=smoke", "overrides=[methods.grpo.clip_eps=0.3]")}
+
+
+@pytest.fixture(scope="module")
+def dry_runs(smoke_dag) -> dict[str, subprocess.CompletedProcess]:
+    """Every dry run of DRY_RUNS, side by side (each is mostly Snakemake composing the plan and building the DAG; a
+    dry run takes no lock and writes nothing the others read)."""
+    procs = {name: subprocess.Popen([*SNAKEMAKE, "--directory", str(smoke_dag), "-n", "--config", *config],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, config in DRY_RUNS.items()}
+    done = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=1200)
+        done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return done
+
+
 def scheduled_jobs(output: str) -> dict[str, int]:
     """Rule -> count from Snakemake's dry-run 'Job stats' table."""
     table = output.split("Job stats:")[1].split("Reasons:")[0] if "Job stats:" in output else ""
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
-
-
-@pytest.fixture(scope="module")
-def smoke_dag(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("dag")
-    done = snakemake(workdir, "--config", "profile=smoke")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return workdir
 
 
 @pytest.mark.slow
@@ -85,22 +98,22 @@ def test_savings_cli_on_the_smoke_curves(smoke_dag):
 
 
 @pytest.mark.slow
-def test_nothing_to_do_after_a_complete_run(smoke_dag):
-    dry = snakemake(smoke_dag, "-n", "--config", "profile=smoke")
+def test_nothing_to_do_after_a_complete_run(dry_runs):
+    dry = dry_runs["unchanged"]
     assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr
 
 
 @pytest.mark.slow
-def test_an_opd_hyperparameter_reruns_only_opd_runs_and_the_report(smoke_dag):
-    dry = snakemake(smoke_dag, "-n", "--config", "profile=smoke", "overrides=[methods.opd.top_k=8]")
+def test_an_opd_hyperparameter_reruns_only_opd_runs_and_the_report(dry_runs):
+    dry = dry_runs["opd_top_k"]
     assert dry.returncode == 0, dry.stderr[-2000:]
     n_opd = sum(1 for j in build_plan(compose(["profile=smoke"], REPO / "conf")).runs() if j.config["method"]["name"] == "opd")
     assert scheduled_jobs(dry.stdout) == {"opd": n_opd, "report": 1, "all": 1}
 
 
 @pytest.mark.slow
-def test_a_grpo_hyperparameter_reruns_grpo_and_everything_downstream(smoke_dag):
-    dry = snakemake(smoke_dag, "-n", "--config", "profile=smoke", "overrides=[methods.grpo.clip_eps=0.3]")
+def test_a_grpo_hyperparameter_reruns_grpo_and_everything_downstream(dry_runs):
+    dry = dry_runs["grpo_clip_eps"]
     jobs = scheduled_jobs(dry.stdout)
     runs = build_plan(compose(["profile=smoke"], REPO / "conf")).runs()
     grpo = {j.id for j in runs if j.config["method"]["name"] == "grpo"}

@@ -6,9 +6,10 @@ that Snakemake resubmits until it completes, every step once, its ledger equal t
 retry after a real error (a NaN stop) that refuses to train.
 
 Needs root and apt-get (Debian/Ubuntu) to install and start the daemons; skipped with the reason otherwise.
-Wall time: about 6.5 minutes on 2 busy cores (Debian 12, SLURM 22.05, plugin 2.8), most of it the smoke DAG's
-S1, S3 and S4 computed twice (through SLURM and locally, side by side); the SIGTERM/resume cycle about 75 s. The time-limited run
-and the refused retry need only their own upstream: about 3.5 minutes (3 attempts) and 1.5 (`-k "time_limit or real_error"`)."""
+The local run compared against is the session's whole smoke DAG (``smoke_dag``, tests/e2e/conftest.py, which
+tests/e2e/test_pipeline.py checks too), so this module alone also builds that; after test_pipeline.py it only adds
+S1, S3 and S4 through SLURM. The time-limited run and the refused retry copy their upstream (tokenizer, student)
+from it too (`-k "time_limit or real_error"` still builds the smoke DAG first)."""
 
 from __future__ import annotations
 
@@ -27,10 +28,22 @@ import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 PACKAGES = ["munge", "slurmctld", "slurmd", "slurm-client"]
 SLURM_CONF = Path("/etc/slurm/slurm.conf")  # the plugin's job step drops SLURM_CONF (every SLURM_* variable)
 FIRST_POLL_S = 5                             # --slurm-init-seconds-before-status-checks
+# The plugin lengthens its wait between status checks by 10 s after each check that finds no job finished (5, 15,
+# 25, ... s, up to 180 s: a job that ends at 50 s is seen at 80 s), which on a real cluster spares the controller.
+# Here the controller is ours and every job is short: the main Snakemake caps that wait at POLL_S (its
+# `next_seconds_between_status_checks` setter clamped before the CLI starts), so a finished job is seen within
+# POLL_S. Only when Snakemake learns of a job's end changes; the profile, the plugin's submission, its status
+# parsing and the resubmissions are the real ones.
+POLL_S = 5
+SLURM_SNAKEMAKE = [sys.executable, "-c", (
+    "from snakemake_executor_plugin_slurm import Executor\n"
+    "wait = Executor.next_seconds_between_status_checks\n"
+    f"Executor.next_seconds_between_status_checks = property(wait.fget, lambda self, s: wait.fset(self, min(s, {POLL_S})))\n"
+    "from snakemake.cli import main\n"
+    "main()\n"), "--snakefile", str(REPO / "Snakefile")]
 PARTITION = "opdgrpo"
 RESUME_RUN = "grpo-student-math-s0"
 RESUME_STEPS = 40
@@ -163,7 +176,7 @@ def slurm_cluster(tmp_path_factory):
 def slurm_snakemake(workdir: Path, *args: str, timeout_s: int = 600, warning_s: int = 120) -> list[str]:
     """Snakemake through the SLURM profile, with the test cluster's site settings. Snakemake ignores SIGTERM while
     jobs run but stops on SIGINT, hence `timeout -s INT`. ``warning_s``: the lead time of the warning SIGTERM."""
-    return ["timeout", "-s", "INT", str(timeout_s), *SNAKEMAKE, "--directory", str(workdir),
+    return ["timeout", "-s", "INT", str(timeout_s), *SLURM_SNAKEMAKE, "--directory", str(workdir),
             "--workflow-profile", str(REPO / "workflow" / "profiles" / "slurm"),
             "--default-resources", f"slurm_partition={PARTITION}", f"slurm_extra='--signal=TERM@{warning_s}'",
             "--slurm-no-account",                                  # no slurmdbd here: no accounts to check
@@ -180,29 +193,38 @@ def _ledger(run_dir: Path) -> list[dict]:
 #: The smoke DAG's studies S1, S3 and S4 (16 of its 30 jobs, in about half the time): every rule but S2's
 #: difficulty job (a one-process job like the base stage's), GRPO experts and a joint run, OPD from external teachers,
 #: a self-teacher and two experts, and the report.
-DAG_CONFIG = ("--config", "profile=smoke", "overrides=[~studies.S1b,~studies.S2,~studies.S5,~studies.S5b]")
+STUDIES = ("S1", "S3", "S4")
+DROPPED = ("~studies.S1b", "~studies.S2", "~studies.S5", "~studies.S5b")
+DAG_CONFIG = ("--config", "profile=smoke", f"overrides=[{','.join(DROPPED)}]")
 
 
 @pytest.fixture(scope="module")
-def slurm_and_local_dags(slurm_cluster, tmp_path_factory):
-    """The smoke DAG's S1, S3 and S4 through SLURM and locally (at the same time: the cluster's node is this machine)."""
-    slurm_dir, local_dir = tmp_path_factory.mktemp("slurm_dag"), tmp_path_factory.mktemp("local_dag")
+def slurm_and_local_dags(slurm_cluster, smoke_dag, tmp_path_factory):
+    """The smoke DAG's S1, S3 and S4 through SLURM, and the whole smoke DAG run locally (the session's ``smoke_dag``,
+    tests/e2e/conftest.py, which tests/e2e/test_pipeline.py checks): dropping studies leaves every remaining job's
+    config as it is (checked in the test), so its S1, S3 and S4 rows are what a local run of those three gives."""
+    slurm_dir = tmp_path_factory.mktemp("slurm_dag")
     t0 = time.time()
-    local = subprocess.Popen([*SNAKEMAKE, "--directory", str(local_dir), "--cores", "1", *DAG_CONFIG],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     done = subprocess.run(slurm_snakemake(slurm_dir, *DAG_CONFIG), capture_output=True, text=True, timeout=700)
-    local_out, _ = local.communicate(timeout=700)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    assert local.returncode == 0, local_out[-3000:]
-    print(f"smoke DAG through SLURM (and locally, side by side): {time.time() - t0:.0f} s")
-    return slurm_dir, local_dir, done.stdout + done.stderr
+    print(f"smoke DAG's {', '.join(STUDIES)} through SLURM: {time.time() - t0:.0f} s")
+    return slurm_dir, smoke_dag, done.stdout + done.stderr
 
 
 def test_smoke_dag_through_slurm_matches_a_local_run(slurm_and_local_dags):
+    from opdgrpo.config import compose
+    from opdgrpo.plan import build_plan
+
     slurm_dir, local_dir, log = slurm_and_local_dags
+    subset = build_plan(compose(["profile=smoke", *DROPPED], REPO / "conf")).jobs
+    whole = build_plan(compose(["profile=smoke"], REPO / "conf")).jobs
+    assert {j: job.config for j, job in subset.items()} == {j: whole[j].config for j in subset}   # the same jobs
     assert "jobid" in log.lower(), log[-2000:]   # the jobs went through sbatch
     slurm_curves = pd.read_csv(slurm_dir / "results" / "smoke" / "report" / "curves.csv")
     local_curves = pd.read_csv(local_dir / "results" / "smoke" / "report" / "curves.csv")
+    assert set(slurm_curves["study"]) == set(STUDIES), set(slurm_curves["study"])
+    assert set(STUDIES) < set(local_curves["study"])                  # the whole DAG: S1, S3, S4 and more
+    local_curves = local_curves[local_curves["study"].isin(STUDIES)].reset_index(drop=True)
     assert list(slurm_curves.columns) == list(local_curves.columns)
     assert len(slurm_curves) == len(local_curves)
     keys = ["run", "study", "method", "train_domains", "seed", "step", "eval_domain", "eval_set"]   # a run shows in several studies
@@ -211,8 +233,8 @@ def test_smoke_dag_through_slurm_matches_a_local_run(slurm_and_local_dags):
     values = [c for c in local_curves.columns if c not in keys]
     a, b = merged[[f"{c}_slurm" for c in values]].to_numpy(), merged[[f"{c}_local" for c in values]].to_numpy()
     differ = merged[((a != b) & ~(pd.isna(a) & pd.isna(b))).any(axis=1)]
-    # Code rewards run under wall-clock sandbox limits (the two DAGs share the cores on purpose), so a loaded machine
-    # can time out a correct program: during evaluation that moves a code row; during training it moves the run's
+    # Code rewards run under wall-clock sandbox limits (the two DAGs ran at different times, under different loads),
+    # so a loaded machine can time out a correct program: during evaluation that moves a code row; during training it moves the run's
     # advantages, so every row of a run that trains on code prompts (experts, joint runs, OPD routed to code).
     timed = (differ["eval_domain"] == "code") | differ["train_domains"].astype(str).str.split("+").apply(lambda d: "code" in d)
     code, other = differ[timed], differ[~timed]
@@ -289,16 +311,20 @@ def test_a_job_with_two_processes_runs_them_inside_its_allocation(slurm_and_loca
 # into the job, of which the job's own Snakemake and the trainer's start take 10 to 15 s. Each attempt trains until
 # then, checkpoints, exits 130, and Snakemake resubmits it (the profile's preemptible-retries) until the run
 # completes. Steps last at least PACE_S (OPDGRPO_FAULT=pace: a sleep, numbers unchanged), so the run needs 52 s of
-# steps, more than one allocation gives, on any machine: 2 or 3 attempts of about 65 s each (the plugin polls
-# job states at growing intervals: 5, 20, 45, 80 s after submission).
+# steps, more than one allocation gives, on any machine: 2 or 3 attempts of up to about 60 s each (Snakemake sees
+# an attempt's end within POLL_S, then resubmits).
 LIMITED_RUN = "grpo-student-math-s0"
 LIMITED_STEPS, PACE_S = 130, 0.4
 LIMIT_MIN, WARNING_S = 1, 5
 TIMING = ("wall_s", "achieved_flops_per_s")
 
 
+#: The time-limited run's upstream, with Snakemake's records of it, copied from the session's local smoke DAG.
+UPSTREAM = ("results/smoke/base/tokenizer", "results/smoke/base/student", ".snakemake/metadata")
+
+
 @pytest.fixture(scope="module")
-def time_limited_run(slurm_cluster, tmp_path_factory):
+def time_limited_run(slurm_cluster, smoke_dag, tmp_path_factory):
     """The run through SLURM with a 1-minute limit, and the same job config uninterrupted, by hand, next to it."""
     from opdgrpo.config import compose
     from opdgrpo.plan import build_plan
@@ -307,9 +333,8 @@ def time_limited_run(slurm_cluster, tmp_path_factory):
     overrides = [f"methods.grpo.steps={LIMITED_STEPS}", f"resources.train.runtime={LIMIT_MIN}"]
     args = (f"results/smoke/runs/{LIMITED_RUN}/done.json", "--config", "profile=smoke", f"overrides=[{','.join(overrides)}]")
     t0 = time.time()
-    upstream = subprocess.run([*SNAKEMAKE, "--directory", str(workdir), "--cores", "2", *args, "--omit-from", "grpo"],
-                              capture_output=True, text=True, timeout=300)   # tokenizer and student, locally
-    assert upstream.returncode == 0, upstream.stdout[-3000:] + upstream.stderr[-3000:]
+    for rel in UPSTREAM:   # tokenizer and student, built locally (copytree keeps mtimes: Snakemake sees them current)
+        shutil.copytree(smoke_dag / rel, workdir / rel)
     t_up = time.time()
     # the job config exactly as the rule passes it (workflow/rules/common.smk job_config: sorted keys)
     cfg = build_plan(compose(["profile=smoke", *overrides], REPO / "conf")).jobs[LIMITED_RUN].config
@@ -321,7 +346,8 @@ def time_limited_run(slurm_cluster, tmp_path_factory):
     ref_out, _ = reference.communicate(timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     assert reference.returncode == 0, ref_out[-3000:]
-    print(f"upstream locally {t_up - t0:.0f} s; the run through SLURM with a {LIMIT_MIN}-minute limit "
+    assert "rule pretrain" not in done.stdout + done.stderr and "rule tokenizer" not in done.stdout + done.stderr
+    print(f"upstream copied {t_up - t0:.0f} s; the run through SLURM with a {LIMIT_MIN}-minute limit "
           f"(and the reference beside it) {time.time() - t_up:.0f} s")
     return workdir, done.stdout + done.stderr
 
