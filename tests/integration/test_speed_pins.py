@@ -81,6 +81,8 @@ def training_run(request, smoke_world, tmp_path_factory) -> dict:
     _, plan = smoke_world
     cfg = copy.deepcopy(plan.jobs[run_id].config)
     cfg["method"]["steps"] = steps
+    if cfg["method"]["name"] == "opd":   # the pins were recorded with OPD scoring its rollouts (the ledger's reward);
+        cfg["method"]["score_rollouts"] = True   # scoring changes nothing else (tests/integration/test_train.py)
     cfg["run_id"] = f"{run_id}-pins"
     run_dir = tmp_path_factory.mktemp("pins") / run_id
     summary = train(cfg, run_dir)

@@ -22,6 +22,7 @@ def _run(smoke_world, tmp_path, report_to, steps: int = 3) -> Path:
     _, plan = smoke_world
     cfg = copy.deepcopy(plan.jobs[RUN].config)
     cfg["method"]["steps"] = steps
+    cfg["method"]["score_rollouts"] = True   # the profiles' OPD skips it (reward null, not logged); the reward is tracked here
     cfg["train"].update({"report_to": report_to, "eval_every": 2, "checkpoint_every": 2})
     run_dir = tmp_path / "run"
     train(cfg, run_dir)
