@@ -314,13 +314,14 @@ def map_frame(instances: Sequence[S6Entry], curves: pd.DataFrame,
 
 
 # ------------------------------------------------------------------------------------------------ table and figure
-def _pct(mean: float, lo: float, hi: float, signed: bool = False) -> str:
-    """``+12.3% [-4.0, +28.6]``; ``n/a`` for NaN; no interval when it has zero width (one seed)."""
+def _pct(mean: float, lo: float, hi: float, signed: bool = False, sep: str = " ") -> str:
+    """``+12.3% [-4.0, +28.6]``; ``n/a`` for NaN; no interval when it has zero width (one seed). Whole percents
+    beyond +-100% (a pipeline that costs 100x joint GRPO reads -9900%; decimals would only crowd a map cell)."""
     if mean != mean:
         return "n/a"
-    sign = "+" if signed else ""
-    text = f"{100 * mean:{sign}.1f}%"
-    return text if lo == hi else f"{text} [{100 * lo:{sign}.1f}, {100 * hi:{sign}.1f}]"
+    fmt = ("+" if signed else "") + (".0f" if max(abs(mean), abs(lo), abs(hi)) >= 1 else ".1f")
+    text = f"{100 * mean:{fmt}}%"
+    return text if lo == hi else f"{text}{sep}[{100 * lo:{fmt}}, {100 * hi:{fmt}}]"
 
 
 def map_markdown(frame: pd.DataFrame, entry: S6Entry) -> str:
@@ -402,8 +403,8 @@ def map_figure(frame: pd.DataFrame, entry: S6Entry) -> Figure:
     FigureCanvasAgg(fig)
     left, right = fig.subplots(1, 2)
     marks = {"positive": "+", "negative": "-", "inconclusive": "?"}
-    sav_labels = [[f"{_pct_cell(r['savings'], r['savings_lo'], r['savings_hi'])}"
-                   f"\n{marks[r['savings_sign']]} ({r['matched']} matched)" for r in row] for row in _rows(frame, xs, ys)]
+    sav_labels = [[_pct(r["savings"], r["savings_lo"], r["savings_hi"], True, sep="\n").replace("n/a", "never matched")
+                   + f"\n{marks[r['savings_sign']]} ({r['matched']} matched)" for r in row] for row in _rows(frame, xs, ys)]
     image = _heatmap(left, _percent(_grid(frame, "savings", xs, ys)), sav_labels, xs, ys, "RdBu", (-100, 100))
     fig.colorbar(image, ax=left, label="savings vs joint GRPO (%)")
     _sign_edges(left, _grid(frame, "savings_sign", xs, ys))
@@ -423,16 +424,6 @@ def map_figure(frame: pd.DataFrame, entry: S6Entry) -> Figure:
                     fontsize=10)
     fig.suptitle(f"S6: {entry.get('title', 'sensitivity map')}", fontsize=12)
     return fig
-
-
-def _pct_cell(mean: float, lo: float, hi: float) -> str:
-    """A savings cell's text: the interval on its own line, whole percents beyond +-100% (a pipeline that costs
-    100x joint GRPO reads -9900%, whose decimals would only crowd the cell)."""
-    if mean != mean:
-        return "never matched"
-    fmt = "+.0f" if max(abs(mean), abs(lo), abs(hi)) >= 1 else "+.1f"
-    text = f"{100 * mean:{fmt}}%"
-    return text if lo == hi else f"{text}\n[{100 * lo:{fmt}}, {100 * hi:{fmt}}]"
 
 
 def _rows(frame: pd.DataFrame, xs: Sequence[float], ys: Sequence[float]) -> list[list[Any]]:
