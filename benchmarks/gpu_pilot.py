@@ -100,7 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                     "as one batch)")
     p.add_argument("--logit-chunk-tokens", type=int, help="train.logit_chunk_tokens")
     p.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                   help="train.precision (auto: bf16 on a GPU; on a CPU as opdgrpo.precision measures)")
     p.add_argument("--attn", default="sdpa", choices=("sdpa", "eager", "flash_attention_2"), help="train.attn_implementation")
     p.add_argument("--lr", type=float, default=1e-6, help="the paper profile's")
     p.add_argument("--max-seconds", type=float, help="time guard over the whole script (GPU default 420 of the 480 a "
@@ -434,7 +435,8 @@ class Pilot:
         import torch
 
         from opdgrpo.distributed import Workers
-        from opdgrpo.peak import matmul_dtype, matmul_peak
+        from opdgrpo.peak import run_peak
+        from opdgrpo.precision import resolve
 
         torch.set_num_threads(int(self.args.threads))
         workers = Workers("none", cpu=self.args.device == "cpu")
@@ -442,7 +444,8 @@ class Pilot:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else common.cpu_model()
         nominal = self.args.nominal_peak_tflops * 1e12 if self.args.nominal_peak_tflops else next(
             (v for k, v in NOMINAL_BF16.items() if device.type == "cuda" and k in name), None)
-        measured = matmul_peak(matmul_dtype(self.args.precision), device)
+        self.args.precision = resolve(self.args.precision, device)   # the run's arithmetic, before it is described
+        measured = run_peak(self.args.precision, device=device)
         self.peaks = {"measured": measured["flops_per_s"], "nominal": nominal}
         self.result["device"] = {"type": device.type, "name": name, "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
                                  "memory_bytes": torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None}

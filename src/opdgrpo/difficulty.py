@@ -32,6 +32,7 @@ from .domains import Domain, Task, build_domain
 from .engines import checkpoint_engine
 from .evaluation import batch_bounds
 from .models import autocast, load_model
+from .precision import resolve as resolve_precision
 from .progress import Progress
 from .rollout import PromptFormat, sample_and_score
 from .runio import write_json, write_yaml
@@ -99,7 +100,7 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         model = load_model(cfg[role]["path"], dtype=dtype, trainable=False,
                            attn_implementation=str(cfg[role].get("attn_implementation") or "eager")).to("cpu" if engine_on else device)
         batches = -(-len(tasks) * int(rule["k"]) // int(rule["batch_size"]))
-        with autocast(str(rule.get("precision", "fp32")), device.type):
+        with autocast(resolve_precision(str(rule.get("precision", "fp32")), device), device.type):
             rates[role], flops[role] = solve_rates(
                 model, tokenizer, domain, tasks, k=int(rule["k"]),
                 temperature=float(sampling.get("temperature", rule["temperature"])),

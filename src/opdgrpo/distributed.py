@@ -63,7 +63,9 @@ class Workers:
     def from_config(cls, train: Mapping[str, Any]) -> "Workers":
         """``train.distributed`` (default ``ddp``) and ``train.fsdp`` (read only under ``fsdp``; set under another
         strategy it is a config error: ``opdgrpo.config``)."""
-        return cls(str(train.get("distributed", "ddp")), policy=fsdp.Policy.from_config(train))
+        workers = cls(str(train.get("distributed", "ddp")))
+        workers.policy = fsdp.Policy.from_config(train, workers.device)   # `precision: auto` resolves on the device
+        return workers
 
     @property
     def distributed(self) -> bool:

@@ -41,6 +41,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from .precision import resolve as resolve_precision
+
 #: Full states, gathered one tensor at a time onto the main process's CPU (the others get empty dicts).
 FULL_ON_MAIN = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -54,10 +56,14 @@ class Policy:
     reduce_dtype: torch.dtype = torch.float32
 
     @classmethod
-    def from_config(cls, train: Mapping[str, Any]) -> "Policy":
-        """``train.fsdp``; an unset ``param_dtype`` follows ``train.precision`` (bf16: bfloat16, fp32: float32)."""
+    def from_config(cls, train: Mapping[str, Any], device: torch.device | str = "cpu") -> "Policy":
+        """``train.fsdp``; an unset ``param_dtype`` follows ``train.precision`` (bf16: bfloat16, fp32: float32; auto:
+        as it resolves on this process's device, :mod:`opdgrpo.precision`)."""
         block = train.get("fsdp") or {}
-        default = "bfloat16" if str(train.get("precision", "fp32")) == "bf16" else "float32"
+        precision = str(train.get("precision", "fp32"))
+        if precision == "auto":
+            precision = resolve_precision(precision, device)
+        default = "bfloat16" if precision == "bf16" else "float32"
         return cls(getattr(torch, str(block.get("param_dtype") or default)),
                    getattr(torch, str(block.get("reduce_dtype") or "float32")))
 

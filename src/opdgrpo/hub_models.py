@@ -73,6 +73,7 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     from .engines import checkpoint_engine
     from .evaluation import evaluate, heldout_for
     from .models import autocast, load_model, parameter_count
+    from .precision import resolve as resolve_precision
     from .rollout import PromptFormat
     from .runio import rewrite_jsonl, write_json, write_yaml
     from .tokenizer import load_tokenizer
@@ -98,7 +99,8 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     results, eval_flops = [], 0.0
     if ev.get("max_prompts") != 0:
         heldout = heldout_for(domains, sorted(domains), ev.get("max_prompts"))
-        with autocast(str(cfg["pretrain"].get("precision", "fp32")), device.type):
+        with autocast(resolve_precision(str(cfg["pretrain"].get("precision", "fp32")), device, "pretrain.precision"),
+                      device.type):
             results, eval_flops = evaluate(model, tokenizer, domains, heldout, k=int(ev["k"]),
                                            temperature=float(sampling.get("temperature", ev["temperature"])),
                                            top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)),

@@ -14,6 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
 
 from . import schema
+from .precision import check as check_precision
+from .precision import resolve as resolve_precision
 
 # Keys of a conf/model block that are ours, not Qwen3Config's.
 _OWN_KEYS = {"name", "source", "pretrain", "dtype"}
@@ -53,10 +55,12 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, trainable: 
 
 
 def autocast(precision: str, device_type: str = "cpu"):
-    """Mixed precision for forwards: ``bf16`` runs matmuls in bfloat16 (about 3x faster for the tiny models
-    on these CPUs), ``fp32`` runs everything in float32. Losses are computed in float32 either way."""
-    if precision not in schema.allowed("train", "precision"):
-        raise ValueError(f"precision must be one of {list(schema.allowed('train', 'precision'))}, got {precision!r}")
+    """Mixed precision for forwards: ``bf16`` runs matmuls in bfloat16 (2-3x faster for the tiny models on a CPU
+    with bfloat16 instructions, 7-8x slower on one without: docs/speed.md), ``fp32`` runs everything in float32,
+    ``auto`` whichever :func:`opdgrpo.precision.resolve` chooses here. Losses are computed in float32 either way."""
+    if precision == "auto":
+        precision = resolve_precision(precision, device_type)
+    check_precision(precision)
     return torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 

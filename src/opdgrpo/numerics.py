@@ -152,9 +152,13 @@ def on_reset(hook: Callable[[], None]) -> None:
 
 
 def report() -> dict[str, Any]:
-    """For ``done.json``: the fingerprint and the fast-path decisions this process took."""
+    """For ``done.json``: the fingerprint, the fast-path decisions this process took and the precision it chose
+    (``train.precision: auto`` resolved here: :mod:`opdgrpo.precision`)."""
+    from . import precision
+
     return {"fingerprint": fingerprint(),
-            "fast_paths": {"mode": mode(), **{kind: dict(d) for kind, d in sorted(_decisions.items())}}}
+            "fast_paths": {"mode": mode(), **{kind: dict(d) for kind, d in sorted(_decisions.items())}},
+            "precision": precision.report()}
 
 
 def reset() -> None:

@@ -23,7 +23,8 @@ from .domains import build_domain
 from .engines import checkpoint_engine
 from .evaluation import evaluate, heldout_for
 from .models import autocast, build_model, parameter_count
-from .peak import matmul_dtype, matmul_peak
+from .peak import run_peak
+from .precision import resolve as resolve_precision
 from .progress import Progress, clock
 from .runio import append_jsonl, rewrite_jsonl, write_json, write_yaml
 from .tokenizer import load_tokenizer
@@ -88,7 +89,8 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(pre["lr"]), betas=(0.9, 0.95), weight_decay=0.01)
     rng = random.Random(f"pretrain-{cfg['name']}-{cfg['seed']}")
     total_flops, loop_wall = 0.0, 0.0
-    peak = matmul_peak(matmul_dtype(pre.get("precision", "fp32")))   # MFU's denominator, measured before the loop
+    precision = resolve_precision(str(pre.get("precision", "fp32")), "cpu", "pretrain.precision")
+    peak = run_peak(precision)   # MFU's denominator, measured before the loop
     model.train()
     progress = Progress(f"base-{cfg['name']}", steps)
     for step in range(steps):
@@ -97,7 +99,7 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         for group in optimizer.param_groups:
             group["lr"] = float(pre["lr"]) * scale
         input_ids, attention, labels = demonstration_batch(tokenizer, domains, thinking, int(pre["batch_size"]), rng)
-        with autocast(pre.get("precision", "fp32")):
+        with autocast(precision):
             loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -117,7 +119,7 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     heldout = heldout_for(domains, sorted(domains), eval_cfg.get("max_prompts"))
     model.save_pretrained(out_dir / "checkpoint")   # before the evaluation: a vLLM engine samples from it
     tokenizer.save_pretrained(out_dir / "checkpoint")
-    with autocast(pre.get("precision", "fp32")):
+    with autocast(precision):
         results, eval_flops = evaluate(model, tokenizer, domains, heldout, k=int(eval_cfg["k"]),
                                        temperature=float(eval_cfg["temperature"]),
                                        max_new_tokens=int((model_cfg.get("sampling") or {}).get("max_new_tokens", 48)),
@@ -133,7 +135,7 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         # Achieved training FLOP/s of the pretraining loop (its final evaluation excluded) and MFU against the peak.
         "train_wall_s": round(loop_wall, 3), "achieved_flops_per_s": total_flops / loop_wall if loop_wall else None,
         "mfu": total_flops / loop_wall / peak["flops_per_s"] if loop_wall else None, "peak": {**peak, "processes": 1},
-        "numerics": numerics.report(),   # the machine's fingerprint and which exact fast paths ran
+        "numerics": numerics.report(),   # the machine's fingerprint, which exact fast paths ran, the precision chosen
     }
     write_json(out_dir / "done.json", summary)
     progress.event("done", {"steps": steps, "wall": clock(summary["wall_s"]), "loss": summary["final_loss"],

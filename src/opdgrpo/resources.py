@@ -113,6 +113,12 @@ def _frozen(shape: Shape, dtype_bytes: int, shards: int, sharded: bool) -> float
     return dtype_bytes * (params(shape) / shards + root_params(shape) + 2 * layer_params(shape))
 
 
+def _compute_bytes(train: Mapping[str, Any]) -> int:
+    """Bytes of an activation: bfloat16 under ``bf16``; float32 under ``fp32`` and ``auto`` (it resolves per machine,
+    at job start: the plan takes the larger)."""
+    return 2 if train.get("precision") == "bf16" else 4
+
+
 def _train_static(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape, teachers: Sequence[Shape],
                   world: int) -> tuple[dict[str, float], int]:
     """Weights, gradients, optimizer state and teachers per device; and the residual stream's bytes."""
@@ -120,7 +126,7 @@ def _train_static(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape,
     sharded = str(t.get("distributed", "none")) == "fsdp" and world > 1
     shards = world if sharded else 1
     master = _bytes(t.get("param_dtype"))
-    compute = 2 if t.get("precision") == "bf16" else 4
+    compute = _compute_bytes(t)
     gathered = _bytes((t.get("fsdp") or {}).get("param_dtype"), "bfloat16" if compute == 2 else "float32")
     n = params(student)
     unit = root_params(student) + 2 * layer_params(student)
@@ -149,7 +155,7 @@ def _shard_rows(rc: Mapping[str, Any], world: int) -> int:
 def _train_phases(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape, teachers: Sequence[Shape],
                   world: int, residual: int) -> dict[str, float]:
     t = rc["train"]
-    compute = 2 if t.get("precision") == "bf16" else 4
+    compute = _compute_bytes(t)
     block = cost_block(cfg)
     prompt = max(lengths_for(block, d, int(t["max_new_tokens"])).padded_prompt for d in rc["train_domains"])
     row = int(prompt + int(t["max_new_tokens"]))

@@ -48,7 +48,8 @@ from .microbatch import repack
 from .models import autocast, enable_activation_checkpointing, load_model, parameter_count
 from .objectives import Objective, Shard, build_objective, position_ids
 from .packing import check_budget
-from .peak import matmul_dtype, matmul_peak, mfu_summary
+from .peak import mfu_summary, run_peak
+from .precision import resolve as resolve_precision
 from .progress import Progress, clock
 from .rollout import PromptFormat, sample_and_score
 from .runio import append_jsonl, keep_records, read_jsonl, write_json, write_yaml
@@ -538,7 +539,7 @@ def _settings(cfg: dict[str, Any], workers: Workers) -> dict[str, Any]:
                          f"({workers.world}) times `method.minibatches` ({minibatches}) and divide "
                          f"`train.prompts_per_step` ({prompts_per_step})")
     return {"steps": int(method["steps"]), "eval_every": int(shared["eval_every"]),
-            "checkpoint_every": int(shared["checkpoint_every"]), "precision": str(shared.get("precision", "fp32")),
+            "checkpoint_every": int(shared["checkpoint_every"]), "precision": resolve_precision(str(shared.get("precision", "fp32")), workers.device),
             "nonfinite": nonfinite, "max_skips": max_skips, "prompts_per_step": prompts_per_step, "shards": shards,
             "updates_per_batch": updates, "minibatches": minibatches, "logit_chunk_tokens": chunk_tokens(shared),
             "components": components(reference=float(method.get("beta") or 0.0) > 0),
@@ -572,7 +573,7 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
                                 temperature=float(shared["temperature"]), chunk_tokens=settings["logit_chunk_tokens"])
     method = cfg["method"]
     # The denominator of MFU, measured once per process before any step (never inside a step's wall time).
-    peak = matmul_peak(matmul_dtype(settings["precision"], param_dtype), workers.device)
+    peak = run_peak(settings["precision"], param_dtype, workers.device)
     # DDP replicas or FSDP shards when several processes share the run; the optimizer over what this process trains.
     model, optimizer = workers.prepare(student, lambda params: torch.optim.AdamW(
         params, lr=float(method["lr"]), betas=tuple(method["betas"]), weight_decay=float(method["weight_decay"])))

@@ -54,7 +54,7 @@ def _compose(*overrides: str):
         ("~methods.opd.top_k", r"missing config key `methods\.opd\.top_k`"),
         ("methods.opd.lr=abc", r"`methods\.opd\.lr` must be a number, got 'abc'"),
         ("train.prompts_per_step=1.5", r"`train\.prompts_per_step` must be an integer, got 1\.5"),
-        ("train.precision=fp8", r"`train\.precision` must be one of \['bf16', 'fp32'\]"),
+        ("train.precision=fp8", r"`train\.precision` must be one of \['auto', 'bf16', 'fp32'\]"),
         ("domains.math.train.size=0", r"`domains\.math\.train\.size` must be >= 1, got 0 \(a positive number of prompts, or null"),
         ("domains.math.heldout.amc.size=0", r"`domains\.math\.heldout\.amc\.size` must be >= 1"),
         ("~domains.code.heldout.lcb", r"`domains\.code\.heldout` must be a non-empty mapping.*at least one held-out set"),

@@ -8,11 +8,12 @@ import time
 import pytest
 import torch
 
-from opdgrpo.peak import matmul_dtype, matmul_peak, mfu_summary
+from opdgrpo.peak import LAYOUTS, matmul_dtype, matmul_peak, mfu_summary, run_peak
 from opdgrpo.report.mfu import mfu_markdown
 from opdgrpo.runio import write_json
 
-PEAK_KEYS = {"flops_per_s", "median_flops_per_s", "dtype", "device", "threads", "shape", "repeats", "statistic", "seconds"}
+PEAK_KEYS = {"flops_per_s", "median_flops_per_s", "dtype", "autocast", "device", "threads", "shape", "layouts",
+             "best_layout", "repeats", "statistic", "seconds"}
 
 
 def test_peak_is_measured_once_per_process_in_the_runs_dtype():
@@ -20,16 +21,30 @@ def test_peak_is_measured_once_per_process_in_the_runs_dtype():
     assert matmul_dtype("fp32", torch.bfloat16) == torch.bfloat16
     with pytest.raises(ValueError, match="train.precision"):
         matmul_dtype("fp16")
+    with pytest.raises(ValueError, match="resolve"):
+        matmul_dtype("auto")
     state = torch.get_rng_state()
     first = matmul_peak(torch.float32)
     assert torch.equal(state, torch.get_rng_state())   # the run's random streams are untouched
     assert set(first) == PEAK_KEYS and first["dtype"] == "float32" and first["device"] == "cpu"
-    assert first["threads"] == torch.get_num_threads() and first["repeats"] >= 10 and first["shape"] == [1024] * 3
+    assert first["threads"] == torch.get_num_threads() and first["repeats"] >= 3 * len(LAYOUTS)
+    assert first["shape"] == [512] * 3 and not first["autocast"]
     assert 1e8 < first["median_flops_per_s"] <= first["flops_per_s"] < 1e14
+    assert first["flops_per_s"] == max(first["layouts"].values()) == first["layouts"][first["best_layout"]]
     t0 = time.perf_counter()
     assert matmul_peak(torch.float32) == first   # remembered, not measured again
     assert time.perf_counter() - t0 < 0.05
     assert matmul_peak(torch.bfloat16)["dtype"] == "bfloat16"
+
+
+def test_the_peak_is_measured_in_the_runs_own_arithmetic():
+    """bf16 autocast over float32 weights is timed under autocast, not as a plain bfloat16 multiply (on a CPU
+    without bfloat16 instructions the two differ, and the plain one put MFU above 1); bfloat16 weights multiply
+    plainly; float32 is float32."""
+    assert run_peak("bf16")["autocast"] and run_peak("bf16")["dtype"] == "bfloat16"
+    assert not run_peak("bf16", torch.bfloat16)["autocast"] and run_peak("bf16", torch.bfloat16)["dtype"] == "bfloat16"
+    assert not run_peak("fp32")["autocast"] and run_peak("fp32")["dtype"] == "float32"
+    assert set(run_peak("bf16")["layouts"]) == set(LAYOUTS) == {"linear", "mm"}
 
 
 def test_mfu_summary_is_total_flops_over_total_step_time():

@@ -1,0 +1,73 @@
+"""`precision: auto`: bf16 only where the CPU multiplies bfloat16 natively and measures faster; recorded for done.json."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from opdgrpo import numerics, precision
+from opdgrpo.models import autocast
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    precision.reset()
+    yield
+    precision.reset()
+
+
+def test_explicit_choices_are_kept_and_recorded():
+    assert precision.resolve("bf16") == "bf16" and precision.report()["reason"] == "set explicitly"
+    assert precision.resolve("fp32", key="pretrain.precision") == "fp32"
+    assert precision.report() == {"requested": "fp32", "resolved": "fp32", "key": "pretrain.precision",
+                                  "reason": "set explicitly"}
+
+
+def test_a_bad_value_names_the_key():
+    with pytest.raises(ValueError, match=r"`pretrain\.precision` must be one of \['auto', 'bf16', 'fp32'\], got 'fp16'"):
+        precision.resolve("fp16", key="pretrain.precision")
+    with pytest.raises(ValueError, match="train.precision"):
+        autocast("fp16")
+
+
+def test_without_bfloat16_instructions_auto_is_float32_without_measuring(monkeypatch):
+    monkeypatch.setattr(precision, "native_bf16", lambda: (False, "no avx512_bf16, no amx_bf16"))
+    monkeypatch.setattr(precision, "measure", lambda threads=None: pytest.fail("measured on a CPU without bf16"))
+    assert precision.resolve("auto") == "fp32"
+    decision = precision.report()
+    assert decision["requested"] == "auto" and decision["resolved"] == "fp32"
+    assert "without bfloat16 instructions" in decision["reason"] and "measured" not in decision
+    with autocast("auto"):
+        assert not torch.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize("speedup, chosen", [(3.0, "bf16"), (precision.MARGIN, "bf16"), (1.1, "fp32"), (0.13, "fp32")])
+def test_with_them_the_measurement_decides_with_a_margin(monkeypatch, speedup, chosen):
+    """A native CPU whose kernels are capped (ONEDNN_MAX_CPU_ISA=AVX2) measures bf16 slower: float32."""
+    monkeypatch.setattr(precision, "native_bf16", lambda: (True, "avx512_bf16"))
+    monkeypatch.setattr(precision, "measure", lambda threads=None: {"speedup": speedup})
+    assert precision.resolve("auto") == chosen
+    assert precision.report()["measured"] == {"speedup": speedup}
+    with autocast("auto"):
+        assert torch.is_autocast_enabled("cpu") == (chosen == "bf16")
+
+
+def test_the_decision_is_made_once_per_process(monkeypatch):
+    calls = []
+    monkeypatch.setattr(precision, "native_bf16", lambda: (True, "amx_bf16"))
+    monkeypatch.setattr(precision, "measure", lambda threads=None: calls.append(1) or {"speedup": 2.0})
+    assert [precision.resolve("auto") for _ in range(3)] == ["bf16"] * 3 and len(calls) == 1
+
+
+def test_the_measurement_times_both_arithmetics():
+    timing = precision.measure()
+    assert timing["fp32_s"] > 0 and timing["bf16_s"] > 0
+    assert timing["speedup"] == pytest.approx(timing["fp32_s"] / timing["bf16_s"], rel=1e-2)
+
+
+def test_this_machines_decision_follows_its_flags():
+    native, flags = precision.native_bf16()
+    chosen = precision.resolve("auto")
+    if not native:
+        assert chosen == "fp32" and flags in precision.report()["reason"]
+    assert numerics.report()["precision"]["resolved"] == chosen   # what done.json records
