@@ -32,9 +32,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--group", type=int, default=8, help="completions per prompt (group size)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="completion cap (tiny profile: 32)")
     p.add_argument("--lr", type=float, default=2e-4, help="AdamW learning rate (tiny profile's GRPO: 2e-4)")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16",
-                   help="bf16 autocast for both (the tiny profile's train.precision; TRL: bf16=True, which on CPU "
-                        "autocasts its generation and training forwards too) or fp32 for both")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="bf16 autocast for both (TRL: bf16=True, which on CPU autocasts its generation and training "
+                        "forwards too), fp32 for both, or auto (the tiny profile's train.precision): what "
+                        "opdgrpo.precision picks on this CPU, for both")
     p.add_argument("--threads", type=int, default=1, help="torch threads for both (tiny profile: 1 per job)")
     p.add_argument("--rounds", type=int, default=5, help="blocks per trainer")
     p.add_argument("--steps", type=int, default=4, help="steps per block; the first of each is a warm-up")
@@ -54,6 +55,9 @@ def main() -> None:
         raise SystemExit(f"this benchmark needs trl ({err}): pip install -e '.[bench]'") from None
     common.quiet()
     common.set_threads(args.threads)
+    from opdgrpo.precision import resolve
+
+    args.precision = resolve(args.precision)   # both trainers run what our trainer would run here
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-grpo-"))
     args.prompts = args.prompts or int(common.tiny_config(scratch / "results")["train"]["prompts_per_step"])

@@ -18,6 +18,9 @@ from opdgrpo.plan import build_plan
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
+#: Waits are generous bounds against a hang, not speed checks: a slow CPU (emulated arithmetic, a busy machine) makes
+#: this test slower, never red. Snakemake stops on SIGINT only after the job it runs has been cancelled and cleaned up.
+WAIT_S = 900
 
 
 def _wait_for(predicate, timeout: float, what: str) -> None:
@@ -43,10 +46,10 @@ def test_second_snakemake_on_one_directory_is_refused(tmp_path):
                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         locks = tmp_path / ".snakemake" / "locks"
-        _wait_for(lambda: locks.is_dir() and any(locks.iterdir()) or first.poll() is not None, 120, ".snakemake/locks")
+        _wait_for(lambda: locks.is_dir() and any(locks.iterdir()) or first.poll() is not None, WAIT_S, ".snakemake/locks")
         assert first.poll() is None, "the first invocation ended before the second could start"
         started = time.time()
-        second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        second = subprocess.run(cmd, capture_output=True, text=True, timeout=WAIT_S)
         second_s = time.time() - started
         output = second.stdout + second.stderr
         assert second.returncode != 0
@@ -54,7 +57,7 @@ def test_second_snakemake_on_one_directory_is_refused(tmp_path):
     finally:
         first.send_signal(signal.SIGINT)
         try:
-            first.wait(timeout=120)
+            first.wait(timeout=WAIT_S)
         except subprocess.TimeoutExpired:
             first.kill()
             first.wait()
@@ -114,7 +117,7 @@ def test_train_on_a_locked_run_dir_fails_fast_and_leaves_it_untouched(tmp_path):
         started = time.time()
         with pytest.raises(RunLocked, match=f"run directory {run_dir} is in use"):
             train(run_cfg, run_dir)
-        assert time.time() - started < 10
+        assert time.time() - started < 60   # at once: before any model is loaded (a bound against a hang)
     finally:
         holder.kill()
         holder.wait()
