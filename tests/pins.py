@@ -15,6 +15,9 @@ Environment:
   commit whose results are trusted: ``OPDGRPO_RECORD_PINS=1 python -m pytest -q tests/integration/test_speed_pins.py``.
 * ``OPDGRPO_PINS_FINGERPRINT=<name>``: act as if this machine's fingerprint were ``<name>`` (to record under it or to
   see the skip and tolerance paths of an unknown machine).
+
+A set is keyed by the fingerprint and by the precision the smoke runs' ``precision: auto`` resolves to on that
+machine (:func:`set_key`): the tolerance comparison still runs against every set, float32 against bfloat16 included.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any, Callable
 
 import pytest
 
-from opdgrpo import numerics
+from opdgrpo import numerics, precision
 
 PINS = Path(__file__).parent / "fixtures" / "speed_pins.json"
 RECORD = bool(os.environ.get("OPDGRPO_RECORD_PINS"))
@@ -107,12 +110,22 @@ def _commit() -> str:
 _recorded_here: set[tuple[Path, str]] = set()
 
 
+def set_key(fingerprint: str, arithmetic: str) -> str:
+    """A machine's pin set: its fingerprint, and what the smoke runs' ``precision: auto`` resolves to there (an
+    AVX2-only CPU runs float32, a CPU with bfloat16 instructions bf16, :mod:`opdgrpo.precision`). Sets recorded
+    before ``auto`` existed are bf16 and keep the bare fingerprint."""
+    return fingerprint if arithmetic == "bf16" else f"{fingerprint}+{arithmetic}"
+
+
 class PinStore:
     """One file of pins, one set per machine fingerprint."""
 
-    def __init__(self, path: Path = PINS, fingerprint: str | None = None, record: bool = RECORD):
+    def __init__(self, path: Path = PINS, fingerprint: str | None = None, record: bool = RECORD,
+                 arithmetic: str | None = None):
         self.path = path
-        self.fingerprint = fingerprint or os.environ.get("OPDGRPO_PINS_FINGERPRINT") or numerics.fingerprint()
+        fingerprint = fingerprint or os.environ.get("OPDGRPO_PINS_FINGERPRINT") or numerics.fingerprint()
+        self.arithmetic = arithmetic or precision.resolve("auto")
+        self.fingerprint = set_key(fingerprint, self.arithmetic)
         self.recording = record
 
     def _load(self) -> dict[str, Any]:
@@ -132,7 +145,7 @@ class PinStore:
         if mine is None or (self.path, self.fingerprint) not in _recorded_here:   # a new recording replaces the set
             _recorded_here.add((self.path, self.fingerprint))
             mine = data["machines"][self.fingerprint] = {
-                "machine": {**numerics.machine(), "fingerprint": self.fingerprint},
+                "machine": {**numerics.machine(), "fingerprint": self.fingerprint, "precision": self.arithmetic},
                 "recorded": datetime.date.today().isoformat(), "commit": _commit(), "pins": {}}
         mine["pins"][name] = json.loads(json.dumps(observed))
         self.path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")

@@ -13,14 +13,14 @@ from pins import PINS, PinStore, differences, tolerance_view
 
 def test_pins_recorded_under_one_fingerprint_bind_only_there(tmp_path):
     path = tmp_path / "pins.json"
-    PinStore(path, fingerprint="machine-a", record=True).bitwise("run/ledger", [{"loss": 0.5, "step": 0}])
-    PinStore(path, fingerprint="machine-a").bitwise("run/ledger", [{"loss": 0.5, "step": 0}])
+    PinStore(path, fingerprint="machine-a", arithmetic="bf16", record=True).bitwise("run/ledger", [{"loss": 0.5, "step": 0}])
+    PinStore(path, fingerprint="machine-a", arithmetic="bf16").bitwise("run/ledger", [{"loss": 0.5, "step": 0}])
     with pytest.raises(AssertionError, match=r"run/ledger\[0\] differs"):
-        PinStore(path, fingerprint="machine-a").bitwise("run/ledger", [{"loss": 0.5000001, "step": 0}])
+        PinStore(path, fingerprint="machine-a", arithmetic="bf16").bitwise("run/ledger", [{"loss": 0.5000001, "step": 0}])
     with pytest.raises(pytest.skip.Exception, match="fingerprint machine-b.*machine-a.*OPDGRPO_RECORD_PINS=1"):
-        PinStore(path, fingerprint="machine-b").bitwise("run/ledger", [{"loss": 0.5, "step": 0}])
+        PinStore(path, fingerprint="machine-b", arithmetic="bf16").bitwise("run/ledger", [{"loss": 0.5, "step": 0}])
     # the unknown machine still runs the tolerance comparison against machine-a's pins
-    other = PinStore(path, fingerprint="machine-b")
+    other = PinStore(path, fingerprint="machine-b", arithmetic="bf16")
     other.within_tolerance("run/ledger", [{"loss": 0.52, "step": 0}])
     with pytest.raises(AssertionError, match="loss"):
         other.within_tolerance("run/ledger", [{"loss": 0.75, "step": 0}])
@@ -28,11 +28,26 @@ def test_pins_recorded_under_one_fingerprint_bind_only_there(tmp_path):
 
 def test_a_new_recording_replaces_only_its_own_machines_set(tmp_path):
     path = tmp_path / "pins.json"
-    PinStore(path, fingerprint="machine-a", record=True).bitwise("x", 1)
-    PinStore(path, fingerprint="machine-b", record=True).bitwise("x", 2)
+    PinStore(path, fingerprint="machine-a", arithmetic="bf16", record=True).bitwise("x", 1)
+    PinStore(path, fingerprint="machine-b", arithmetic="bf16", record=True).bitwise("x", 2)
     machines = json.loads(path.read_text())["machines"]
     assert {fp: m["pins"] for fp, m in machines.items()} == {"machine-a": {"x": 1}, "machine-b": {"x": 2}}
     assert machines["machine-b"]["machine"]["fingerprint"] == "machine-b"
+
+
+def test_a_machine_that_resolves_float32_pins_a_set_of_its_own(tmp_path):
+    """`precision: auto` is float32 on a CPU without bfloat16 instructions: its bits are not the bf16 set's, so its
+    set is keyed apart (the tolerance comparison still runs against the bf16 set)."""
+    path = tmp_path / "pins.json"
+    PinStore(path, fingerprint="machine-a", arithmetic="bf16", record=True).bitwise("x", 1.0)
+    fp32 = PinStore(path, fingerprint="machine-a", arithmetic="fp32")
+    with pytest.raises(pytest.skip.Exception, match=r"machine-a\+fp32"):
+        fp32.bitwise("x", 1.0)
+    fp32.within_tolerance("x", 1.01)
+    PinStore(path, fingerprint="machine-a", arithmetic="fp32", record=True).bitwise("x", 1.01)
+    machines = json.loads(path.read_text())["machines"]
+    assert {fp: m["pins"] for fp, m in machines.items()} == {"machine-a": {"x": 1.0}, "machine-a+fp32": {"x": 1.01}}
+    assert machines["machine-a+fp32"]["machine"]["precision"] == "fp32"
 
 
 def _real_pins() -> dict[str, dict]:
