@@ -29,6 +29,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from . import precision
+
 ENV = "OPDGRPO_FAST_PATHS"
 MODES = ("auto", "off")
 
@@ -154,8 +156,6 @@ def on_reset(hook: Callable[[], None]) -> None:
 def report() -> dict[str, Any]:
     """For ``done.json``: the fingerprint, the fast-path decisions this process took and the precision it chose
     (``train.precision: auto`` resolved here: :mod:`opdgrpo.precision`)."""
-    from . import precision
-
     return {"fingerprint": fingerprint(),
             "fast_paths": {"mode": mode(), **{kind: dict(d) for kind, d in sorted(_decisions.items())}},
             "precision": precision.report()}

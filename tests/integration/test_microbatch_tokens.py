@@ -35,11 +35,12 @@ CAP = 96   # smoke rows are about 10 prompt + up to 16 response tokens: 2 to 4 r
 #: Two processes' rows under this cap packed into 6 and 7, then 7 and 8 micro-batches on the machine this was
 #: written on: one process splits some to run as many as the other (a count that depends on what was sampled).
 DIST_CAP = 68
+LR = 3e-3
 
 
 def _config(plan, run_id: str, steps: int, method: dict | None = None, **train_keys) -> dict:
     cfg = copy.deepcopy(plan.jobs[run_id].config)
-    cfg["method"].update({"steps": steps, "lr": 3e-3, **(method or {})})
+    cfg["method"].update({"steps": steps, "lr": LR, **(method or {})})
     cfg["train"].update({"eval_every": 100, "checkpoint_every": 100, "precision": "fp32", **train_keys})
     cfg["run_id"] = f"{run_id}-tokens"
     return cfg
@@ -59,7 +60,8 @@ def shapes(monkeypatch) -> list[tuple[int, int]]:
     return seen
 
 
-def _compare(tmp_path: Path, teachers: bool) -> None:
+def _compare(tmp_path: Path, teachers: bool, method: dict | None = None) -> None:
+    method = method or {}
     plain, packed = (read_jsonl(tmp_path / n / "ledger.jsonl") for n in ("plain", "packed"))
     assert len(plain) == len(packed) == 2
     for a, b in zip(plain, packed):
@@ -73,15 +75,34 @@ def _compare(tmp_path: Path, teachers: bool) -> None:
             assert (b["flops"][component] > 0) == (a["flops"][component] > 0)
         assert (b["flops"]["teacher"] <= a["flops"]["teacher"]) and (b["flops"]["teacher"] > 0) == teachers
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+        # later steps start from weights a few Adam-amplified entries apart (below): measured 1.3e-5 after 4 updates
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5 if a["step"] == 0 else 1e-4)
         for name, value in a["metrics"].items():   # clip fractions and KL: means over other micro-batches
             assert b["metrics"][name] == pytest.approx(value, abs=0.05), name
     print("train tokens", [(a["tokens"]["train"], b["tokens"]["train"]) for a, b in zip(plain, packed)],
           "loss", [(a["loss"], b["loss"]) for a, b in zip(plain, packed)],
           "grad_norm", [(a["grad_norm"], b["grad_norm"]) for a, b in zip(plain, packed)])
     wa, wb = (load_file(str(tmp_path / n / "checkpoint" / "model.safetensors")) for n in ("plain", "packed"))
-    for name in wa:   # Adam turns an ulp of a gradient entry near 0 into a share of lr (test_grpo_knobs.py)
-        torch.testing.assert_close(wb[name], wa[name], rtol=1e-5, atol=3e-5, msg=lambda m: f"{name}: {m}")
+    updates = len(plain) * max(1, method.get("updates_per_batch", 1) * method.get("minibatches", 1))
+    for name in wa:
+        _assert_weights_close(name, wa[name], wb[name], bound=2 * LR * updates)
+
+
+#: Entries of a tensor allowed past float32 reordering: those whose gradient sits near 0, where Adam's
+#: ``m / (sqrt(v) + eps)`` turns an ulp of difference into a share of that entry's step (test_grpo_knobs.py). CI on
+#: one machine saw 1 of 16,384 embedding entries 4.2e-4 apart after 2 updates at lr 3e-3 (0.14 lr).
+STRAYS = 1e-3
+
+
+def _assert_weights_close(name: str, a: torch.Tensor, b: torch.Tensor, bound: float) -> None:
+    """All but ``STRAYS`` of the entries within float32 reordering (rtol 1e-5, atol 3e-5); those few within ``bound``:
+    two ``lr`` per Adam update, as the two runs' steps of an entry may point opposite ways and Adam's bias-corrected
+    step stays within about ``lr`` per entry over the first updates."""
+    diff = (a - b).abs()
+    loose = diff > 3e-5 + 1e-5 * b.abs()
+    assert int(loose.sum()) <= max(1, int(STRAYS * a.numel())), \
+        f"{name}: {int(loose.sum())} of {a.numel()} entries differ by more than float32 reordering (max {float(diff.max()):.2e})"
+    assert float(diff.max()) <= bound, f"{name}: an entry moved {float(diff.max()):.2e} apart, past {bound:.2e}"
 
 
 #: GRPO's knobs: two passes over the batch in two mini-batches (an old-policy forward, each update's normaliser over
@@ -103,7 +124,7 @@ def test_a_token_cap_trains_as_the_shards_with_fewer_padded_tokens(smoke_world, 
     assert all(rows * width <= CAP for rows, width in shapes)
     assert len(shapes) > len(plain_shapes)
     print(run_id, "micro-batches (rows, width):", plain_shapes, "->", shapes)
-    _compare(tmp_path, teachers=run_id.startswith("opd"))
+    _compare(tmp_path, teachers=run_id.startswith("opd"), method=method)
 
 
 def test_a_row_over_the_cap_trains_alone(smoke_world, tmp_path, shapes, caplog):
