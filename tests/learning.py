@@ -6,6 +6,7 @@ import copy
 from pathlib import Path
 
 import pytest
+import torch
 
 from opdgrpo.runio import read_jsonl
 from opdgrpo.train import train
@@ -36,3 +37,14 @@ def one_process_run_that_learns(cfg: dict, tmp_path: Path, seeds: int = 16) -> t
         if read_jsonl(one / "ledger.jsonl")[0]["grad_norm"] > 0:
             return cfg, one
     pytest.fail(f"none of seeds 0-{seeds - 1} gave the first step a gradient: the smoke student finds no reward signal")
+
+
+#: A "short answer": at most this many characters (a property the base student meets by chance in about 5-10% of its
+#: samples and GRPO teaches it in a few steps, by stopping early).
+SHORT_CHARS = 3
+
+
+def short_answer_scores(domains, tasks, texts) -> torch.Tensor:
+    """Stands in for :func:`opdgrpo.rollout.score`: 1 for a short answer, 0 otherwise, whatever the task asked. The
+    smoke student learns no real domain in a CI-sized run; this gives tests a reward GRPO measurably raises."""
+    return torch.tensor([float(len(text.strip()) <= SHORT_CHARS) for text in texts])

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from learning import short_answer_scores
 
 from opdgrpo.domains import build_domain
 from opdgrpo.losses import token_logprobs
@@ -291,14 +292,6 @@ RISE_SES = 4.0
 #: and another CPU's last bits give another trajectory, as another seed does.
 AGREE_SES = 4.0
 #: A "short answer": the completion, stripped, is at most this many characters (the rigged reward's property).
-SHORT_CHARS = 3
-
-
-def _short_answer_scores(domains, tasks, texts) -> torch.Tensor:
-    """Stands in for :func:`opdgrpo.rollout.score`: 1 for a short answer, 0 otherwise, whatever the task asked."""
-    return torch.tensor([float(len(text.strip()) <= SHORT_CHARS) for text in texts])
-
-
 def _heldout_score(run_dir: Path, step: int) -> tuple[float, int]:
     """(accuracy, samples) of the run's one held-out set at ``step``."""
     (result,) = next(e for e in read_jsonl(run_dir / "evals.jsonl") if e["step"] == step)["results"]
@@ -319,7 +312,7 @@ def test_vllm_grpo_raises_the_heldout_score_as_hf_does(smoke_world, tmp_path, mo
     CI-sized run: tens of GRPO steps move their real held-out accuracy by less than its noise. So
     :func:`opdgrpo.rollout.score`, the one scorer that both the training rewards and held-out evaluation call, is
     replaced by a property the base student meets by chance (about 5-10% of its samples) and GRPO can teach it in a
-    few steps: a short answer, at most ``SHORT_CHARS`` characters (to stop early). Everything else is real: vLLM's
+    few steps: a short answer, at most ``learning.SHORT_CHARS`` characters (to stop early). Everything else is real: vLLM's
     CPU engine samples every step's groups, the trainer's weights are synced into it after each optimiser step
     (the ledger's engine-vs-trainer log-prob gap shows it sampled the current policy), and held-out evaluation
     samples through the same engine. Only the knowledge domain's ``knowledge`` held-out set is kept: the student
@@ -330,7 +323,7 @@ def test_vllm_grpo_raises_the_heldout_score_as_hf_does(smoke_world, tmp_path, mo
     the higher throughout. The seed is fixed at 0; the SEs count binomial noise only, not the spread of learning."""
     from opdgrpo import rollout
 
-    monkeypatch.setattr(rollout, "score", _short_answer_scores)
+    monkeypatch.setattr(rollout, "score", short_answer_scores)
     _, plan = smoke_world
     cfg = copy.deepcopy(plan.jobs["grpo-student-knowledge-s0"].config)
     steps = 16
