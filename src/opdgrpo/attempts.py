@@ -10,7 +10,11 @@ whether a retry should train at all. Attempt ``n > 1`` trains only if attempt ``
 
 - ended ``interrupted`` (a signal: checkpointed and stopped), or was killed without writing an ``end`` line (SIGKILL
   at the time limit, out of memory, a lost node), and
-- left a newer checkpoint than the one it started from (it made progress).
+- left a newer checkpoint than the one it started from (it made progress);
+
+or if attempt ``n - 1`` ended ``done`` but its job still failed (killed while exiting, at the very end of its
+allocation, after which Snakemake deleted ``done.json``): then it resumes at the final checkpoint, trains no step and
+writes what was lost.
 
 Otherwise (a crash, a non-finite step, an attempt that never got to checkpoint) it refuses in seconds, before loading
 any model, with exit status 4 and a message naming the attempt and its error, so a real error is not trained into
@@ -79,10 +83,16 @@ def begin(run_dir: Path, attempt: int) -> int:
             prev = seen[starts[-1]]
             ends = [r for r in seen[starts[-1] + 1:] if "end" in r]
             how = ends[-1]["end"] if ends else "killed"
-            if how not in ("interrupted", "killed"):
+            if how == "done":
+                # Trained to the end, then killed on its way out (the allocation's end, a node lost): Snakemake
+                # deleted done.json as possibly incomplete. Resuming at the final checkpoint runs no step; it
+                # repeats the final evaluation (seeded by step: the same numbers) and writes done.json again.
+                print(f"== attempt {attempt}: attempt {prev['attempt']} trained to the end (checkpoint step {step}) "
+                      "but its job did not exit cleanly: writing what it left unwritten", file=sys.stderr, flush=True)
+            elif how not in ("interrupted", "killed"):
                 raise NotRetried(f"attempt {attempt}: not training, attempt {prev['attempt']} ended {how}"
                                  f" ({ends[-1].get('error', '')}); a retry would repeat it. Fix it and rerun snakemake")
-            if step <= int(prev["step"]):
+            elif step <= int(prev["step"]):
                 raise NotRetried(f"attempt {attempt}: not training, attempt {prev['attempt']} ({how}) left no checkpoint "
                                  f"past step {prev['step']}: the allocation is too short for a step and a checkpoint "
                                  "after the warning signal (raise resources.train.runtime or the --signal lead time)")

@@ -37,6 +37,19 @@ def test_a_retry_after_an_error_refuses(tmp_path, how):
     assert attempts.begin(tmp_path, 1) == 4        # a new snakemake invocation (attempt 1) always trains
 
 
+def test_a_retry_after_a_finished_attempt_whose_job_was_killed_resumes_at_the_end(tmp_path, capsys):
+    """The CI failure this covers: attempt 2 wrote done.json and its end line, then SLURM cancelled the step as it
+    exited; Snakemake deleted done.json, and every retry refused ("attempt 2 ended done")."""
+    attempts.begin(tmp_path, 1)
+    _checkpoint(tmp_path, 6)
+    attempts.end(tmp_path, 1, "interrupted")
+    attempts.begin(tmp_path, 2)
+    _checkpoint(tmp_path, 10)
+    attempts.end(tmp_path, 2, "done")
+    assert attempts.begin(tmp_path, 3) == 10
+    assert "attempt 2 trained to the end (checkpoint step 10)" in capsys.readouterr().err
+
+
 def test_a_retry_after_an_attempt_without_progress_refuses(tmp_path):
     _checkpoint(tmp_path, 4)
     attempts.begin(tmp_path, 1)                    # killed before its first checkpoint: no end line, still step 4
