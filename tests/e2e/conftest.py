@@ -1,5 +1,5 @@
 """Fixtures shared by the e2e modules: the smoke DAG run locally once per session (tests/e2e/test_pipeline.py checks
-its files; tests/e2e/test_slurm.py compares a SLURM run of studies S1, S3 and S4 against its curves)."""
+its files; tests/e2e/test_slurm.py compares a SLURM run of study S4 against its curves)."""
 
 from __future__ import annotations
 

@@ -141,9 +141,10 @@ def test_sampling_cache_stores_keys_in_the_autocast_dtype_only_under_autocast():
 
 
 def test_folded_attention_matches_eager_on_random_bf16_shapes():
-    """The folded multiply against ``eager_attention_forward`` itself, on 100 random shapes: GQA ratios 1-8, head
+    """The folded multiply against ``eager_attention_forward`` itself, on 50 random shapes: GQA ratios 1-8, head
     dims 8-128, one-row decode steps and longer prefills, masked prefixes (3000 shapes passed when written; every job
-    also checks its own layouts on 64 shapes before it takes the fold: ``opdgrpo.inference.choose_path``)."""
+    also checks its own layouts on 64 shapes before it takes the fold: ``opdgrpo.inference.choose_path``). 50, not
+    100: bf16 is emulated on AVX2-only CPUs (33 s for 100 there)."""
     import random
     import types
 
@@ -152,7 +153,7 @@ def test_folded_attention_matches_eager_on_random_bf16_shapes():
     from opdgrpo.inference import eager_attention_no_grad
 
     rng = random.Random(0)
-    for _ in range(100):
+    for _ in range(50):
         kv, groups = rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 4, 8])
         dim, rows, q_len = rng.choice([8, 16, 24, 32, 48, 64, 128]), rng.choice([1, 2, 3, 7, 16]), rng.choice([1, 1, 2, 5, 17])
         length = q_len + rng.randint(0, 60)
