@@ -1,8 +1,9 @@
 """The smoke DAG on a real one-node SLURM cluster (munge, slurmctld, slurmd on 127.0.0.1) through the SLURM
-profile (workflow/profiles/slurm, snakemake-executor-plugin-slurm), against a local run of the same DAG; then a
-training job stopped by `scancel --signal=TERM` (what the profile's `--signal=TERM@120` sends before a time limit
-or preemption) that checkpoints, exits 130 and resumes on the next `snakemake` run; a run with a 1-minute time limit
-that Snakemake resubmits until it completes, every step once, its ledger equal to an uninterrupted run's; and a
+profile (workflow/profiles/slurm, snakemake-executor-plugin-slurm), against a local run of the same DAG; a
+run with a 1-minute time limit, each attempt of which but the last is stopped by the profile's warning SIGTERM (`--signal=TERM@<s>`, what a time
+limit or a preemption sends), checkpoints, exits 130 and is resubmitted by Snakemake until it completes, every step
+once, its ledger equal to an uninterrupted run's (a resume by a second `snakemake` call after a stop is the same
+checkpoint path: tests/integration/test_train.py, test_distributed.py, test_fsdp.py); a job with two processes; and a
 retry after a real error (a NaN stop) that refuses to train.
 
 Needs root and apt-get (Debian/Ubuntu) to install and start the daemons; skipped with the reason otherwise.
@@ -45,8 +46,6 @@ SLURM_SNAKEMAKE = [sys.executable, "-c", (
     "from snakemake.cli import main\n"
     "main()\n"), "--snakefile", str(REPO / "Snakefile")]
 PARTITION = "opdgrpo"
-RESUME_RUN = "grpo-student-math-s0"
-RESUME_STEPS = 40
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
@@ -243,54 +242,6 @@ def test_smoke_dag_through_slurm_matches_a_local_run(slurm_and_local_dags):
     if not code.empty:
         warnings.warn(f"{len(code)} curve rows that depend on timed code rewards differ between SLURM and local runs: "
                       f"{code[keys].to_string()}")
-
-
-def test_sigterm_checkpoints_and_a_rerun_resumes(slurm_and_local_dags):
-    """One training run, long enough to be running when `scancel --signal=TERM` arrives, through SLURM."""
-    workdir = slurm_and_local_dags[0]
-    run_dir = workdir / "results" / "smoke" / "runs" / RESUME_RUN
-    target = f"results/smoke/runs/{RESUME_RUN}/done.json"
-    args = (target, "--config", "profile=smoke", f"overrides=[methods.grpo.steps={RESUME_STEPS}]",
-            "--preemptible-retries", "0")   # no resubmission here: this is the resume by a second `snakemake` call
-    first = subprocess.Popen(slurm_snakemake(workdir, *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    jobid, deadline = None, time.time() + 180
-    while time.time() < deadline and first.poll() is None:
-        queue = _sh("squeue", "-h", "-t", "RUNNING", "-o", "%i", check=False).stdout.split()
-        if queue and len(_ledger(run_dir)) >= 6:   # running, past the 4 steps the smoke run left (the config changed)
-            jobid = queue[0]
-            break
-        time.sleep(0.5)
-    if not jobid:
-        first.send_signal(signal.SIGINT)
-        pytest.fail(f"the training job never got going: {first.communicate(timeout=120)[0][-3000:]}")
-    _sh("scancel", "--signal=TERM", jobid)
-    out, _ = first.communicate(timeout=300)
-    assert first.returncode != 0, out[-3000:]   # the job failed (exit 130): Snakemake reports it
-    assert not (run_dir / "done.json").exists()
-    log = (workdir / "results" / "smoke" / "logs" / f"{RESUME_RUN}.log").read_text()
-    assert "checkpoint saved, rerun to resume" in log, log[-2000:]
-    job = _sh("scontrol", "show", "job", jobid, check=False).stdout
-    assert "ExitCode=" in job and "ExitCode=0:0" not in job, job
-    stopped = _ledger(run_dir)
-    import torch
-    state = torch.load(run_dir / "checkpoint" / "trainer_state.pt", weights_only=False) \
-        if (run_dir / "checkpoint" / "trainer_state.pt").exists() else None
-    n_stop = len(stopped)
-    assert 6 <= n_stop < RESUME_STEPS, n_stop
-    assert [r["step"] for r in stopped] == list(range(n_stop))       # the ledger stops where the checkpoint is
-    if state is not None:
-        assert state["step"] == n_stop
-
-    again = subprocess.run(slurm_snakemake(workdir, *args), capture_output=True, text=True, timeout=700)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    resumed_log = (workdir / "results" / "smoke" / "logs" / f"{RESUME_RUN}.log").read_text()
-    assert f"resuming {RESUME_RUN} at step {n_stop}" in resumed_log, resumed_log[-2000:]
-    ledger = _ledger(run_dir)
-    assert [r["step"] for r in ledger] == list(range(RESUME_STEPS))    # every step exactly once
-    assert ledger[: n_stop] == stopped                                 # the steps before the stop are kept as they were
-    flops = [r["cumulative_flops"] for r in ledger]
-    assert all(a < b for a, b in zip(flops, flops[1:]))
-    assert json.loads((run_dir / "done.json").read_text())["cumulative_flops"] == flops[-1]
 
 
 def test_a_job_with_two_processes_runs_them_inside_its_allocation(slurm_and_local_dags):
