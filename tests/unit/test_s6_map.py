@@ -184,7 +184,11 @@ def test_the_map_table_has_one_row_per_cell_with_intervals():
     by = {(r["thinking_fraction"], r["interference"]): r for _, r in frame.iterrows()}
     paid = by[(1.0, 0.5)]
     assert paid["savings"] == pytest.approx(1 - 350 / 1500) and paid["matched"] == "3/3" and paid["savings_sign"] == "positive"
-    assert by[(1.0, 0.0)]["matched"] == "0/3" and by[(1.0, 0.0)]["savings_sign"] == "negative"
+    # the distillation never reaches joint GRPO's 0.5: each seed's savings are at most 1 - (200 + 200) / 1500, a
+    # bound that does not settle the sign
+    never = by[(1.0, 0.0)]
+    assert never["matched"] == "0/3" and never["savings_sign"] == "inconclusive"
+    assert never["readings"] == ", ".join(["<= 73.3%"] * 3)
     assert by[(0.0, 0.0)]["collapse"] == "math+code" and by[(1.0, 0.0)]["collapse"] == "none"
     kept = by[(1.0, 0.5)]
     assert kept["math_base"] == pytest.approx(0.3) and kept["math_final"] == pytest.approx(0.31)

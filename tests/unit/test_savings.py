@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -11,7 +12,16 @@ import pandas as pd
 import pytest
 
 from opdgrpo.report.curves import CURVE_COLUMNS, ReportInputError
-from opdgrpo.report.savings import SAVINGS_KEYS, compute_savings, first_crossing_flops, main
+from opdgrpo.report.matching import mix_se
+from opdgrpo.report.savings import (
+    SAVINGS_KEYS,
+    compute_savings,
+    first_crossing_flops,
+    format_savings,
+    main,
+    savings_sign,
+    sign_over_seeds,
+)
 
 # ------------------------------------------------------------------------------------------------------ helpers
 SETS = {"math": ["amc", "aime"], "code": ["lcb"]}
@@ -45,17 +55,21 @@ EXPERTS = {
 }
 
 
-def make_curves(distill: list[tuple[int, float, dict[str, float]]]) -> pd.DataFrame:
-    rows = curve_rows("joint", JOINT) + curve_rows("distill", distill)
+def make_curves(distill: list[tuple[int, float, dict[str, float]]], joint=JOINT) -> pd.DataFrame:
+    rows = curve_rows("joint", joint) + curve_rows("distill", distill)
     for run, pts in EXPERTS.items():
         rows += curve_rows(run, pts)
     return pd.DataFrame(rows, columns=CURVE_COLUMNS)
 
 
-def savings(distill, **kw):
+def savings(distill, joint=JOINT, **kw):
     """The raw-point rule (no smoothing) the hand computations below use; the smoothed rule: test_verdicts.py."""
     kw.setdefault("smooth_window", 1)
-    return compute_savings(make_curves(distill), "joint", "distill", ["e-math", "e-code"], **kw)
+    return compute_savings(make_curves(distill, joint), "joint", "distill", ["e-math", "e-code"], **kw)
+
+
+#: Held-out sizes for the SE: 100 prompts x 4 samples per set (math's two sets, code's one).
+SIZES = {"math": {"amc": [100, 4], "aime": [100, 4]}, "code": {"lcb": [100, 4]}}
 
 
 # --------------------------------------------------------------------------------------------------------- tests
@@ -63,7 +77,8 @@ def test_interpolated_between_eval_points_by_hand() -> None:
     # joint mix: 0.2, 0.45, 0.55, 0.5 -> target 0.55 first reached at 200 FLOPs; experts 40 + 60 = 100.
     # distill mix 0.2 @0, 0.4 @10, 0.6 @20: crosses 0.55 at 10 + (0.55-0.4)/(0.6-0.4)*10 = 17.5.
     r = savings([(0, 0, both(0.2)), (1, 10, both(0.4)), (2, 20, both(0.6))])
-    assert list(r) == SAVINGS_KEYS
+    assert set(SAVINGS_KEYS) <= set(r) and r["direction"] == "joint" and r["savings_bound"] == ""
+    assert r["other"]["direction"] == "pipeline" and set(SAVINGS_KEYS) <= set(r["other"])
     assert r["target_accuracy"] == pytest.approx(0.55)
     assert r["joint_flops"] == 200.0
     assert r["expert_flops"] == 100.0
@@ -84,12 +99,62 @@ def test_reached_at_first_point_takes_its_flops() -> None:
     assert r["distill_flops"] == 8.0
 
 
-def test_never_matched() -> None:
+def test_a_distillation_that_never_reaches_the_target_gives_an_upper_bound() -> None:
+    # the pipeline needs more than experts 100 + the whole distillation 20: savings <= 1 - 120 / 200, share >= 20 %
     r = savings([(0, 0, both(0.2)), (1, 10, both(0.4)), (2, 20, both(0.5))])
-    assert r["savings"] is None
-    assert r["distill_flops"] is None and r["pipeline_flops"] is None and r["distill_share"] is None
-    assert "distill" in r["reason"] and "never reached" in r["reason"]
+    assert r["direction"] == "joint" and r["distill_flops"] is None
+    assert r["savings"] == pytest.approx(0.4) and r["savings_bound"] == "upper"
+    assert r["pipeline_flops"] == pytest.approx(120.0)
+    assert r["distill_share"] == pytest.approx(0.2) and r["share_bound"] == "lower"
+    assert "never reached" in r["reason"] and "at most" in r["reason"]
     assert r["target_accuracy"] == pytest.approx(0.55) and r["joint_flops"] == 200.0 and r["expert_flops"] == 100.0
+    assert savings_sign(r["savings"], r["savings_bound"]) == "unknown"   # <= 40 %: either sign
+    assert savings_sign(-0.1, "upper") == "negative" and savings_sign(0.1, "lower") == "positive"
+
+
+def test_a_joint_run_that_does_not_learn_is_read_the_other_way() -> None:
+    # joint mix 0.2, 0.21, 0.2, 0.21: a 1-point gain, under 3 SE (SE at 0.21 with these sizes: 1.7 pts). The pipeline
+    # direction: target = the distillation's best 0.5, threshold 0.5 - SE(0.5); joint never gets there, so joint
+    # would need more than its whole 300 FLOPs: savings >= 1 - (100 + distill's FLOPs to it) / 300.
+    flat = [(0, 0, both(0.2)), (10, 100, both(0.21)), (20, 200, both(0.2)), (30, 300, both(0.21))]
+    r = savings([(0, 0, both(0.2)), (1, 10, both(0.3)), (2, 20, both(0.5))], joint=flat, eval_sizes=SIZES)
+    se = mix_se(0.5, SIZES, ["math", "code"])
+    assert r["direction"] == "pipeline" and r["other"]["direction"] == "joint"
+    assert r["joint_gain"] == pytest.approx(0.01) and r["min_joint_gain"] == pytest.approx(3 * mix_se(0.21, SIZES, ["math", "code"]))
+    assert r["target_accuracy"] == pytest.approx(0.5) and r["threshold_accuracy"] == pytest.approx(0.5 - se)
+    distill = 10 + (0.5 - se - 0.3) / 0.2 * 10
+    assert r["distill_flops"] == pytest.approx(distill) and r["joint_flops"] is None
+    assert r["savings"] == pytest.approx(1 - (100 + distill) / 300) and r["savings_bound"] == "lower"
+    assert savings_sign(r["savings"], r["savings_bound"]) == "positive"
+    assert "joint GRPO never reached" in r["reason"] and "less than" in r["reason"]
+
+
+def test_a_pipeline_that_gains_nothing_over_joint_grpos_start_costs_minus_infinity() -> None:
+    flat = [(0, 0, both(0.2)), (10, 100, both(0.21)), (20, 200, both(0.2)), (30, 300, both(0.21))]
+    r = savings([(0, 0, both(0.2)), (1, 10, both(0.2)), (2, 20, both(0.19))], joint=flat, eval_sizes=SIZES)
+    assert r["direction"] == "pipeline" and r["joint_flops"] == 0.0
+    assert r["savings"] == -math.inf and r["savings_bound"] == ""
+    assert savings_sign(r["savings"]) == "negative" and format_savings(r["savings"]) == "-inf"
+
+
+@pytest.mark.parametrize("gain_se, direction", [(2.0, "pipeline"), (4.0, "joint")])
+def test_the_papers_direction_needs_a_joint_gain_of_min_joint_gain_se(gain_se, direction) -> None:
+    se = mix_se(0.3, SIZES, ["math", "code"])
+    best = 0.3 + gain_se * se   # the SE is read at the target; near 0.3 it barely moves
+    joint = [(0, 0, both(0.3)), (10, 100, both(best)), (20, 200, both(best)), (30, 300, both(best))]
+    r = savings([(0, 0, both(0.3)), (1, 10, both(0.6))], joint=joint, eval_sizes=SIZES)
+    assert r["direction"] == direction
+    assert savings([(0, 0, both(0.3)), (1, 10, both(0.6))], joint=joint, eval_sizes=SIZES,
+                   min_joint_gain_se=1.5)["direction"] == "joint"
+
+
+def test_sign_over_seeds_uses_the_interval_for_figures_and_agreement_for_bounds() -> None:
+    assert sign_over_seeds([(0.3, ""), (0.32, ""), (0.31, "")]) == "positive"
+    assert sign_over_seeds([(0.3, ""), (-0.5, ""), (0.31, "")]) == "inconclusive"
+    assert sign_over_seeds([(0.3, ""), (0.2, "lower"), (0.31, "")]) == "positive"   # agreement: every seed positive
+    assert sign_over_seeds([(-0.3, ""), (-math.inf, ""), (-0.1, "upper")]) == "negative"
+    assert sign_over_seeds([(0.3, ""), (0.2, "upper"), (0.31, "")]) == "inconclusive"
+    assert sign_over_seeds([(-0.2, "")]) == "negative"
 
 
 def test_tolerance_moves_both_sides_to_the_same_threshold() -> None:
@@ -104,7 +169,7 @@ def test_tolerance_in_accuracy_points() -> None:
     pts = [(0, 0, both(0.2)), (1, 10, both(0.4)), (2, 20, both(0.5))]
     assert savings(pts, tolerance=5.0)["distill_flops"] == pytest.approx(20.0)  # threshold 0.50
     assert savings(pts, tolerance=10.0)["distill_flops"] == pytest.approx(15.0)  # threshold 0.45
-    assert savings(pts, tolerance=4.9)["savings"] is None
+    assert savings(pts, tolerance=4.9)["savings_bound"] == "upper"
     with pytest.raises(ReportInputError):
         savings(pts, tolerance=-1.0)
 
@@ -197,3 +262,12 @@ def test_python_dash_m_entry(curves_csv) -> None:
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["pipeline_flops"] == pytest.approx(117.5)
     assert proc.stderr == ""
+
+
+def test_cli_prints_minus_infinity_as_a_string_so_any_json_parser_reads_it(tmp_path, capsys) -> None:
+    flat = [(0, 0, both(0.2)), (10, 100, both(0.2)), (20, 200, both(0.2))]
+    path = tmp_path / "curves.csv"
+    make_curves([(0, 0, both(0.2)), (1, 10, both(0.2))], flat).to_csv(path, index=False)
+    assert main(["--curves", str(path), "--joint", "joint", "--distill", "distill", "--experts", "e-math", "e-code"]) == 0
+    obj = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"non-standard JSON {c}"))
+    assert obj["savings"] == "-inf" and obj["direction"] == "pipeline"

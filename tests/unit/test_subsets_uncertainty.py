@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
 import pytest
 
 from opdgrpo.report.uncertainty import (
     FAILS,
     HOLDS,
     INCONCLUSIVE,
-    bootstrap_interval,
     interval_verdict,
     mean_interval,
     t_quantile_95,
@@ -80,17 +78,6 @@ def test_mean_interval_on_known_data():
     assert mean_interval([0.4]) == (0.4, 0.4, 0.4)
     assert all(math.isnan(x) for x in mean_interval([]))
     assert all(math.isnan(x) for x in mean_interval([1.0, float("nan")]))
-
-
-def test_bootstrap_interval_covers_the_mean_and_shrinks_with_agreement():
-    values = [0.1, 0.3, 0.5]
-    mean, lo, hi = bootstrap_interval(values, reps=4000, seed=1)
-    assert mean == pytest.approx(0.3) and 0.1 <= lo < mean < hi <= 0.5
-    assert bootstrap_interval([0.2, 0.2, 0.2]) == pytest.approx((0.2, 0.2, 0.2))
-    assert bootstrap_interval(values, seed=3) == bootstrap_interval(values, seed=3)
-    rng = np.random.default_rng(0)  # many draws from N(0.4, 0.1): the interval brackets 0.4 and is narrow
-    m, lo, hi = bootstrap_interval(rng.normal(0.4, 0.1, 400))
-    assert lo < 0.4 < hi and hi - lo < 0.05
 
 
 def test_interval_verdicts():

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -44,8 +45,7 @@ from opdgrpo.report.curves import (
 )
 from opdgrpo.report.mfu import mfu_markdown
 from opdgrpo.report.plots import PlotContext, plot_lengths
-from opdgrpo.report.savings import SAVINGS_COLUMNS
-from opdgrpo.report.uncertainty import bootstrap_interval
+from opdgrpo.report.savings import SAVINGS_COLUMNS, format_savings, sign_over_seeds
 from opdgrpo.studies import REGISTRY
 
 #: Keys of a study entry whose (nested) string values are run ids: those of every registered study.
@@ -143,76 +143,93 @@ def consolidation_rows(
 
 
 def seed_summary_row(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The ``seed = all`` row of a study run with several seeds: means over seeds, and the savings' percentile
-    bootstrap interval over seeds. Savings are averaged only when every seed matched (a seed that never matched
-    has no saving to average): otherwise the row says how many matched."""
+    """The ``seed = all`` row of a study run with several seeds: means over seeds, every seed's reading, the range
+    of the savings when every seed has a finite figure (with 3 seeds a range, not an interval: a bootstrap over 3
+    values has 10 resamples and would only restate it), and the sign over seeds
+    (:func:`~opdgrpo.report.savings.sign_over_seeds`, the rule claims.md uses)."""
     first = per_seed[0]
     row: dict[str, Any] = {k: first.get(k) for k in ("study", "domains", "paper_savings", "paper_distill_share",
                                                        "tolerance_points", "smooth_window", "tolerance_se",
-                                                       "share_threshold")}
+                                                       "min_joint_gain_se", "share_threshold")}
     for k in ("target_accuracy", "joint_flops", "expert_flops", "distill_flops", "pipeline_flops", "distill_share",
-              "threshold_accuracy", "eval_se"):
+              "threshold_accuracy", "eval_se", "joint_gain"):
         values = [r.get(k) for r in per_seed]
         row[k] = float(np.mean(values)) if all(v is not None for v in values) else None
-    matched = [r["savings"] for r in per_seed if r.get("savings") is not None]
+    readings = [(r.get("savings"), r.get("savings_bound") or "") for r in per_seed]
+    figures = [float(v) for v, bound in readings if v is not None and not bound and math.isfinite(v)]
     row["seed"] = "all"
-    if len(matched) == len(per_seed):
-        row["savings"], row["savings_lo"], row["savings_hi"] = bootstrap_interval(matched)
-        row["status"], row["reason"] = "matched", ""
+    row["direction"] = ", ".join(dict.fromkeys(str(r.get("direction")) for r in per_seed))
+    row["savings_sign"] = sign_over_seeds(readings)
+    row["reason"] = "seeds: " + ", ".join(f"{r.get('seed')}: {format_savings(v, b)} ({r.get('direction')})"
+                                          for r, (v, b) in zip(per_seed, readings))
+    if len(figures) == len(per_seed):
+        row["savings"], row["savings_min"], row["savings_max"] = float(np.mean(figures)), min(figures), max(figures)
+        row["status"] = "mean and range over seeds"
     else:
-        row["savings"] = row["savings_lo"] = row["savings_hi"] = None
-        row["status"] = "not matched"
-        row["reason"] = f"matched in {len(matched)}/{len(per_seed)} seeds"
+        row["savings"] = row["savings_min"] = row["savings_max"] = None
+        row["status"] = f"figures in {len(figures)}/{len(per_seed)} seeds, bounds or -inf in the others"
     return row
 
 
 def savings_markdown(rows: Sequence[Mapping[str, Any]], profile: str) -> str:
-    """savings.md: the savings table in readable units, "not matched" with its reason where never reached."""
+    """savings.md: per study and seed the reading that decides and the other direction's, a figure or a bound."""
     lines = [
         f"# Matched-FLOP savings (profile `{profile}`)",
         "",
-        "Target = joint GRPO's best mix accuracy on its smoothed curve (a centred moving average over the study's "
-        "`smooth_window` evaluation points; mix = mean of domains, domain = mean of its held-out sets). A run "
-        "reaches the target where its smoothed mix accuracy first comes within the tolerance of it: `tolerance_se` "
-        "binomial standard errors of one evaluation point, SE = sqrt(p(1-p) sum_d sum_s 1/(D^2 S_d^2 n_s k_s)) for "
-        "n_s prompts and k_s samples per held-out set, plus `tolerance` accuracy points; linearly interpolated "
-        "between evaluation points, the same threshold for joint GRPO and the distillation. Pipeline = experts' "
-        "final training FLOPs + distillation FLOPs to the target. Savings = 1 - pipeline / joint FLOPs to the "
-        "target; distill share = distillation / experts. Numbers are measured from this run's run directories.",
+        "Savings = 1 - pipeline / joint FLOPs to one target accuracy; pipeline = the experts' final training FLOPs + "
+        "the distillation's FLOPs to the target; distill share = distillation / experts. Mix accuracy = mean of the "
+        "domains, domain = mean of its held-out sets, read on curves smoothed by a centred moving average over the "
+        "study's `smooth_window` evaluation points. A run reaches a target where its smoothed mix accuracy first "
+        "comes within `tolerance_se` binomial standard errors of one evaluation point (SE = sqrt(p(1-p) sum_d sum_s "
+        "1/(D^2 S_d^2 n_s k_s)) for n_s prompts and k_s samples per held-out set) plus `tolerance` points of it, "
+        "linearly interpolated between evaluation points. Two directions: **joint** (the paper's) targets joint "
+        "GRPO's best smoothed accuracy and decides when joint GRPO gained at least `min_joint_gain_se` SE over its "
+        "start; otherwise **pipeline** decides: it targets the distillation's best and reads joint GRPO's FLOPs to "
+        "it. A run that never reaches a target is censored at its last evaluation: `>=` / `<=` mark a bound; "
+        "`-inf`: joint GRPO's start already reaches the pipeline's best. Numbers are measured from this run's run "
+        "directories (docs/method.md, \"Savings that always answer\").",
         "",
     ]
     if not rows:
         return "\n".join(lines + ["No consolidation study in the report spec.", ""])
     lines += [
-        "| study | domains | target accuracy | joint FLOPs | expert FLOPs | distill FLOPs | pipeline FLOPs | savings "
-        "| distill share | paper savings | paper distill share |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| study | domains | decides | target | joint FLOPs | expert FLOPs | distill FLOPs | pipeline FLOPs | savings "
+        "| sign | distill share | other direction | paper savings | paper distill share |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
-    def pct(x: Any) -> str:
-        return "n/a" if x is None else f"{100 * x:.1f}%"
+    def pct(x: Any, bound: str = "") -> str:
+        return "n/a" if x is None else f"{'>= ' if bound else ''}{100 * x:.1f}%"
 
-    per_study: dict[str, int] = {}
+    whys = []
     for r in rows:
-        per_study[r["study"]] = per_study.get(r["study"], 0) + 1
-    for r in rows:
-        name = r["study"] if per_study[r["study"]] == 1 else f"{r['study']} (seed {r['seed']})"
-        saving = pct(r["savings"]) if r["status"] == "matched" else f"not matched ({r['reason']})"
-        if r.get("savings_lo") is not None:
-            name = f"**{r['study']} (mean over seeds)**"
-            saving += f" [95% bootstrap {pct(r['savings_lo'])}, {pct(r['savings_hi'])}]"
+        many = sum(o["study"] == r["study"] for o in rows) > 1
+        if r.get("seed") == "all":
+            name = f"**{r['study']} (all seeds)**"
+            saving = (f"{pct(r['savings'])} (range {pct(r['savings_min'])} to {pct(r['savings_max'])})"
+                      if r.get("savings_min") is not None else str(r.get("reason", "")).removeprefix("seeds: "))
+            other = "-"
+        else:
+            name = f"{r['study']} (seed {r['seed']})" if many else r["study"]
+            saving = format_savings(r["savings"], r.get("savings_bound") or "")
+            other = (f"{r.get('other_direction')}: target {format_pct(r.get('other_target_accuracy'))}, savings "
+                     f"{format_savings(r.get('other_savings'), r.get('other_savings_bound') or '')}")
+        whys.append(f"- {name.strip('*')}: {r.get('reason', '')}")
         lines.append(
-            f"| {name} | {r['domains']} | {format_pct(r['target_accuracy'])} | {format_flops(r['joint_flops'])} "
-            f"| {format_flops(r['expert_flops'])} | {format_flops(r['distill_flops'])} "
-            f"| {format_flops(r['pipeline_flops'])} | {saving.replace('|', '/')} | {pct(r['distill_share'])} "
-            f"| {pct(r['paper_savings'])} | {pct(r['paper_distill_share'])} |"
+            f"| {name} | {r['domains']} | {r.get('direction')} | {format_pct(r['target_accuracy'])} "
+            f"| {format_flops(r['joint_flops'])} | {format_flops(r['expert_flops'])} | {format_flops(r['distill_flops'])} "
+            f"| {format_flops(r['pipeline_flops'])} | {saving} | {r.get('savings_sign')} "
+            f"| {pct(r['distill_share'], r.get('share_bound') or '')} | {other} "
+            f"| {pct(r['paper_savings'])} | {pct(r['paper_distill_share'])} |".replace("None", "n/a")
         )
-    rules = sorted({(r.get("smooth_window"), r.get("tolerance_se"), r["tolerance_points"]) for r in rows}, key=str)
-    said = "; ".join(f"smoothed over {w} points, tolerance {se} SE + {t:g} accuracy points" for w, se, t in rules)
+    rules = sorted({(r.get("smooth_window"), r.get("tolerance_se"), r["tolerance_points"], r.get("min_joint_gain_se"))
+                    for r in rows}, key=str)
+    said = "; ".join(f"smoothed over {w} points, tolerance {se} SE + {t:g} accuracy points, joint GRPO's best the "
+                     f"target past a gain of {g} SE" for w, se, t, g in rules)
     ses = [f"{r['study']} (seed {r.get('seed')}) {100 * r['eval_se']:.2f} pts" for r in rows
            if r.get("eval_se") is not None and r.get("seed") != "all"]
     lines += ["", f"Matching rule: {said}." + (f" One evaluation's SE at the target: {', '.join(ses)}." if ses else ""),
-              ""]
+              "", "How each row reads:", "", *whys, ""]
     return "\n".join(lines)
 
 

@@ -36,7 +36,8 @@ _SEEDS_RULE = (
     "95% t interval of the margin over seeds lies above 0, does not hold when it lies at or below 0, and is "
     "inconclusive when it spans 0; with 2 seeds the interval (t with 1 degree of freedom) decides only when it "
     "excludes 0, and otherwise two seeds that agree give an indicative verdict. Tests without a margin hold iff they "
-    "hold for every seed, and are inconclusive when seeds disagree. Savings and S3's crossings read smoothed curves "
+    "hold for every seed, do not hold when no seed holds and none is left undecided, and are inconclusive otherwise "
+    "(a savings bound that does not settle its sign leaves its seed undecided). Savings and S3's crossings read smoothed curves "
     "and count a target as reached within one binomial standard error of one evaluation (docs/method.md)."
 )
 
@@ -121,17 +122,21 @@ def _agreeing_pair(per_seed: list[tuple]) -> str | None:
 
 
 def _by_agreement(per_seed: list[tuple]) -> str:
-    """Tests without a margin: holds iff every seed holds, does not hold iff none does (indicative with 2 seeds)."""
+    """Tests without a margin for every seed: holds iff every seed holds, does not hold iff every seed does not (a
+    seed left inconclusive, e.g. a bound that does not settle the sign, leaves the claim inconclusive); indicative
+    with 2 seeds."""
     verdicts = [r[2] for r in per_seed]
     holding = sum(v == HOLDS for v in verdicts)
+    failing = [r for r in per_seed if r[2].startswith(FAILS)]
     note = "indicative: 2 seeds" if len(per_seed) == 2 else None
     if holding == len(verdicts):
         return indicative(HOLDS, note) if note else HOLDS
-    if holding == 0:
-        failing = next(r for r in per_seed if r[2] != HOLDS)
-        verdict = f"{FAILS} for any of {len(per_seed)} seeds (seed {failing[0]}: {_why(failing[2])})"
+    if len(failing) == len(verdicts):
+        verdict = f"{FAILS} for any of {len(per_seed)} seeds (seed {failing[0][0]}: {_why(failing[0][2])})"
         return indicative(verdict, note) if note else verdict
-    return f"{INCONCLUSIVE}: holds for {holding}/{len(verdicts)} seeds"
+    unsure = len(verdicts) - holding - len(failing)
+    return (f"{INCONCLUSIVE}: holds for {holding}/{len(verdicts)} seeds"
+            + (f", {unsure} undecided by its own reading" if unsure else ""))
 
 
 def seeds_note(spec: Mapping[str, Any]) -> str:

@@ -51,6 +51,12 @@ DEFAULT_TOLERANCE_SE = 1.0
 #: domains) and 8.0% (four); 15% is about twice the larger of them, so a reproduction within a factor of two of the
 #: paper's shares holds and one where distillation costs a sizeable part of an expert's training does not.
 DEFAULT_SHARE_THRESHOLD = 0.15
+#: The savings read joint GRPO's own best accuracy (the paper's direction) only when joint GRPO gained at least this
+#: many standard errors of one evaluation over its first (smoothed) point; below it the target sits within noise of
+#: the start, the joint run's FLOPs to it are near 0 and the savings blow up (a 1.75-point gain gave -308%), so the
+#: comparison is read the other way (opdgrpo.report.savings). 3 SE: the measurability condition docs/method.md
+#: states for joint GRPO in the default world, fixed before any run.
+DEFAULT_MIN_JOINT_GAIN_SE = 3.0
 
 #: Per held-out set of a domain: ``{domain: {set: (n_prompts, k)}}``.
 EvalSizes = Mapping[str, Mapping[str, Sequence[int]]]
@@ -63,26 +69,33 @@ class MatchRule:
     window: int = DEFAULT_SMOOTH_WINDOW
     tolerance_points: float = 0.0
     tolerance_se: float = DEFAULT_TOLERANCE_SE
+    min_joint_gain_se: float = DEFAULT_MIN_JOINT_GAIN_SE
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, int) or self.window < 1 or self.window % 2 == 0:
             raise ValueError(f"smooth_window must be an odd integer >= 1, got {self.window!r}")
-        for name in ("tolerance_points", "tolerance_se"):
+        for name in ("tolerance_points", "tolerance_se", "min_joint_gain_se"):
             value = getattr(self, name)
             if value < 0 or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value}")
 
     @classmethod
     def of(cls, entry: Mapping[str, Any]) -> MatchRule:
-        """The rule a report-spec entry asks for: keys ``smooth_window``, ``tolerance`` (points), ``tolerance_se``;
-        an entry without them (a spec written before they existed) gets the defaults."""
+        """The rule a report-spec entry asks for: keys ``smooth_window``, ``tolerance`` (points), ``tolerance_se``,
+        ``min_joint_gain_se``; an entry without them (a spec written before they existed) gets the defaults."""
         return cls(window=int(entry.get("smooth_window", DEFAULT_SMOOTH_WINDOW)),
                    tolerance_points=float(entry.get("tolerance", 0.0)),
-                   tolerance_se=float(entry.get("tolerance_se", DEFAULT_TOLERANCE_SE)))
+                   tolerance_se=float(entry.get("tolerance_se", DEFAULT_TOLERANCE_SE)),
+                   min_joint_gain_se=float(entry.get("min_joint_gain_se", DEFAULT_MIN_JOINT_GAIN_SE)))
 
     def slack(self, se: float | None) -> float:
         """Accuracy (a fraction) a curve may fall short of a target by and still reach it; no SE counts as 0."""
         return self.tolerance_points / 100.0 + (self.tolerance_se * se if se else 0.0)
+
+    def min_gain(self, se: float | None) -> float:
+        """The least gain over its start that makes a joint run's best a target (a fraction): ``min_joint_gain_se``
+        standard errors, and never less than the slack (without an SE: the slack alone)."""
+        return max(self.slack(se), self.min_joint_gain_se * se if se else 0.0)
 
     def describe(self) -> str:
         """One phrase for tables: the window and the tolerance."""

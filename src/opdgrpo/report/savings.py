@@ -4,28 +4,34 @@ This is our own implementation of DESIGN.md's "Matched-FLOP savings" contract (t
 the definitions below are the contract's, made precise where it leaves room:
 
 * A domain's accuracy is the mean of its held-out sets; the mix accuracy is the mean of the mix's domains
-  (:func:`opdgrpo.report.curves.mix_accuracy`).
-* **target** = the joint-GRPO run's best mix accuracy on its *smoothed* curve (a centred moving average over
-  ``smooth_window`` evaluation points, :mod:`opdgrpo.report.matching`), not its best single point, which would pick
-  the luckiest of many noisy draws.
-* **threshold** = target - slack, slack = ``tolerance``/100 + ``tolerance_se`` x SE(target), SE the binomial standard
-  error of one evaluation point's mix accuracy from the held-out sizes (n prompts, k samples) the runs recorded
-  (:func:`opdgrpo.report.matching.mix_se`; unknown sizes: no SE term).
-* **joint_flops** = the joint run's cumulative training FLOPs where its smoothed mix accuracy first reaches the
-  threshold, linearly interpolated between evaluation points (with no slack: the first point at the target).
-* **expert_flops** = the sum of the experts' *final* cumulative training FLOPs (``done.json``/ledger when the caller
-  passes ``expert_final_flops``, else each expert's last evaluation point).
-* **distill_flops** = the distillation run's cumulative training FLOPs where its smoothed mix accuracy first reaches
-  the same threshold, linearly interpolated between the evaluation point before and the first evaluation
-  point at or above it; if the first evaluation point already reaches it, that point's FLOPs (no extrapolation).
-* **pipeline_flops** = expert_flops + distill_flops; **savings** = 1 - pipeline_flops / joint_flops;
-  **distill_share** = distill_flops / expert_flops.
+  (:func:`opdgrpo.report.curves.mix_accuracy`). Curves are *smoothed* (a centred moving average over
+  ``smooth_window`` evaluation points, :mod:`opdgrpo.report.matching`): a best single point would pick the luckiest
+  of many noisy draws.
+* **Reading at a target T**: threshold = T - slack, slack = ``tolerance``/100 + ``tolerance_se`` x SE(T), SE the
+  binomial standard error of one evaluation point's mix accuracy from the held-out sizes (n prompts, k samples) the
+  runs recorded (:func:`opdgrpo.report.matching.mix_se`; unknown sizes: no SE term). **joint_flops** and
+  **distill_flops** = the cumulative training FLOPs where each run's smoothed mix accuracy first reaches the
+  threshold, linearly interpolated between evaluation points (the first point's FLOPs if it already does: no
+  extrapolation). **expert_flops** = the experts' *final* cumulative training FLOPs (``done.json`` when the caller
+  passes ``expert_final_flops``, else each expert's last evaluation point). **pipeline_flops** = expert_flops +
+  distill_flops; **savings** = 1 - pipeline_flops / joint_flops; **distill_share** = distill_flops / expert_flops.
+* **Censored readings.** A run that never reaches the threshold needs more than the FLOPs of its last evaluation:
+  a distillation that never does gives an *upper bound* (savings <= 1 - (experts + its whole run) / joint_flops,
+  share >= its whole run / experts), a joint run that never does a *lower bound* (savings >= 1 - pipeline / its
+  whole run). A joint run whose start already reaches the threshold gives savings of minus infinity: the pipeline
+  pays FLOPs for nothing the joint run lacks. ``savings_bound`` says which ("" for a figure).
+* **Two directions.** The paper's: T = joint GRPO's best smoothed mix accuracy. It is quoted only when joint GRPO
+  gained at least ``min_joint_gain_se`` standard errors of one evaluation (3 by default) over its first smoothed
+  point: below that its best is noise around its start, its FLOPs to it are near 0 and the savings are ill-conditioned
+  (a 1.75-point gain gave -308%). Otherwise the comparison is read the other way: T = the distillation's best
+  smoothed mix accuracy, and joint GRPO's FLOPs to reach it. Every seed so gets a figure or a bound; ``direction``
+  says which decided, ``other`` holds the other reading. ``savings_sign`` (:func:`savings_sign`) is what a verdict
+  can use: a figure's sign, a bound's where the bound settles it, else unknown.
 * **tolerance** is absolute and in accuracy *points*: 1.0 means one percentage point, i.e. 0.01 as a fraction
   (0 by default); **tolerance_se** is in standard errors of one evaluation point (1 by default).
-  ``smooth_window=1, tolerance_se=0, tolerance=0`` is the earlier rule: best single point, reached exactly.
-* Never reached: ``savings`` is ``None`` and ``reason`` says why; every other known field is still reported.
 
-Also a CLI (``opdgrpo savings`` / ``python -m opdgrpo.report.savings``) that prints exactly one JSON object.
+Also a CLI (``opdgrpo savings`` / ``python -m opdgrpo.report.savings``) that prints exactly one JSON object (minus
+infinity as the string ``"-inf"``).
 """
 
 from __future__ import annotations
@@ -44,12 +50,14 @@ import pandas as pd
 from opdgrpo.report.curves import (
     CURVE_COLUMNS,
     ReportInputError,
+    format_flops,
     format_pct,
     load_final_flops,
     mix_accuracy,
     run_curve,
 )
 from opdgrpo.report.matching import (
+    DEFAULT_MIN_JOINT_GAIN_SE,
     DEFAULT_SMOOTH_WINDOW,
     DEFAULT_TOLERANCE_SE,
     EvalSizes,
@@ -62,42 +70,58 @@ from opdgrpo.report.matching import (
 #: Slack for comparing accuracies that went through a mean of floats (so a point equal to the target counts).
 _EPS = 1e-9
 
+#: One reading's keys (:func:`compute_savings` returns them for the deciding direction, and under ``other``).
 SAVINGS_KEYS: list[str] = [
+    "direction",
     "target_accuracy",
     "joint_flops",
     "pipeline_flops",
     "expert_flops",
     "distill_flops",
     "savings",
+    "savings_bound",
     "distill_share",
+    "share_bound",
     "threshold_accuracy",
     "eval_se",
 ]
 
 #: Columns of savings.csv: one row per consolidation study and seed (:meth:`opdgrpo.studies.base.Study.savings_row`),
-#: plus a ``seed = all`` row with the bootstrap interval when a study has several seeds.
+#: the deciding direction's reading and the other's target and savings; plus a ``seed = all`` row with the range
+#: over seeds when a study has several.
 SAVINGS_COLUMNS: list[str] = [
     "study",
     "domains",
+    "seed",
+    "direction",
     "target_accuracy",
     "joint_flops",
     "expert_flops",
     "distill_flops",
     "pipeline_flops",
     "savings",
+    "savings_bound",
+    "savings_sign",
     "distill_share",
+    "share_bound",
+    "joint_gain",
+    "min_joint_gain",
+    "other_direction",
+    "other_target_accuracy",
+    "other_savings",
+    "other_savings_bound",
     "paper_savings",
     "paper_distill_share",
-    "tolerance_points",
     "status",
     "reason",
-    "seed",
-    "savings_lo",
-    "savings_hi",
+    "savings_min",
+    "savings_max",
     "threshold_accuracy",
     "eval_se",
+    "tolerance_points",
     "smooth_window",
     "tolerance_se",
+    "min_joint_gain_se",
     "share_threshold",
 ]
 
@@ -151,17 +175,19 @@ def compute_savings(
     *,
     smooth_window: int = DEFAULT_SMOOTH_WINDOW,
     tolerance_se: float = DEFAULT_TOLERANCE_SE,
+    min_joint_gain_se: float = DEFAULT_MIN_JOINT_GAIN_SE,
     eval_sizes: EvalSizes | None = None,
 ) -> dict[str, Any]:
-    """Matched-FLOP savings of experts + multi-teacher OPD (``distill``) against joint GRPO (``joint``).
+    """Matched-FLOP savings of experts + multi-teacher OPD (``distill``) against joint GRPO (``joint``), read in the
+    direction that decides (module docstring): a figure, or a bound where one side never reaches the other.
 
-    See the module docstring for the exact definitions. ``domains`` defaults to every eval domain the joint run
-    evaluates; ``tolerance`` is in accuracy points (1.0 = 0.01 fraction); ``expert_final_flops`` maps an expert to
-    its final cumulative training FLOPs (from ``done.json``), falling back to its last evaluation point;
-    ``smooth_window``, ``tolerance_se`` and ``eval_sizes`` (``{domain: {set: (n_prompts, k)}}``) are the matching
-    rule's (:mod:`opdgrpo.report.matching`).
-    Returns the keys of :data:`SAVINGS_KEYS`, plus ``reason`` when the target is not matched (``savings`` None).
-    Raises :class:`ReportInputError` naming the run or column when an input is missing.
+    ``domains`` defaults to every eval domain the joint run evaluates; ``tolerance`` is in accuracy points (1.0 =
+    0.01 fraction); ``expert_final_flops`` maps an expert to its final cumulative training FLOPs (from
+    ``done.json``), falling back to its last evaluation point; ``smooth_window``, ``tolerance_se``,
+    ``min_joint_gain_se`` and ``eval_sizes`` (``{domain: {set: (n_prompts, k)}}``) are the matching rule's
+    (:mod:`opdgrpo.report.matching`).
+    Returns the keys of :data:`SAVINGS_KEYS` for the deciding direction, ``reason`` (how to read it) and ``other``
+    (the other direction's keys). Raises :class:`ReportInputError` naming the run or column when an input is missing.
     """
     missing_cols = [c for c in ("run", "step", "cumulative_flops", "eval_domain", "accuracy") if c not in curves]
     if missing_cols:
@@ -169,7 +195,8 @@ def compute_savings(
     if not experts:
         raise ReportInputError("compute_savings: at least one expert run is needed")
     try:
-        rule = MatchRule(window=smooth_window, tolerance_points=tolerance, tolerance_se=tolerance_se)
+        rule = MatchRule(window=smooth_window, tolerance_points=tolerance, tolerance_se=tolerance_se,
+                         min_joint_gain_se=min_joint_gain_se)
     except ValueError as exc:
         raise ReportInputError(str(exc)) from exc
     for run in [joint, distill, *experts]:
@@ -177,27 +204,118 @@ def compute_savings(
     if domains is None:
         domains = list(dict.fromkeys(run_curve(curves, joint)["eval_domain"]))
     domains = list(domains)
-
-    joint_f, joint_a = _smoothed_mix(curves, joint, domains, rule.window)
-    best = best_point(joint_f, joint_a)
-    if best is None:
+    sides = {run: _smoothed_mix(curves, run, domains, rule.window) for run in (joint, distill)}
+    best = {run: best_point(*sides[run]) for run in sides}
+    if best[joint] is None:
         raise ReportInputError(f"joint run '{joint}' has no evaluation point covering all of {domains}")
-    target = best[0]
-    se = mix_se(target, eval_sizes, domains)
+    if best[distill] is None:
+        raise ReportInputError(f"distillation run '{distill}' has no evaluation point covering all of {domains}")
+    expert_flops = _expert_flops(curves, experts, expert_final_flops)
+
+    def read(target: float) -> dict[str, Any]:
+        return _read_at(target, mix_se(target, eval_sizes, domains), rule, sides[joint], sides[distill], expert_flops)
+
+    paper, reverse = read(best[joint][0]), read(best[distill][0])
+    start = next(a for a in sides[joint][1] if not math.isnan(a))
+    gain, least = best[joint][0] - start, rule.min_gain(paper["eval_se"])
+    quoted = gain >= least - _EPS and (paper["joint_flops"] or 0.0) > 0
+    decided, other = (paper, reverse) if quoted else (reverse, paper)
+    decided["direction"], other["direction"] = ("joint", "pipeline") if quoted else ("pipeline", "joint")
+    why = (f"joint GRPO gained {_pts(gain)} over its start, at least {_pts(least)} ({rule.min_joint_gain_se:g} SE): "
+           "the target is its best" if quoted else
+           f"joint GRPO gained {_pts(gain)} over its start, less than {_pts(least)} ({rule.min_joint_gain_se:g} SE), "
+           "so its best is no target: read the other way, joint GRPO's FLOPs to the pipeline's best")
+    return {**decided, "joint_gain": float(gain), "min_joint_gain": float(least),
+            "reason": f"{why}; {decided['reading']}", "other": other}
+
+
+def _pts(x: float) -> str:
+    return f"{100 * x:.2f} pts"
+
+
+def _read_at(target: float, se: float | None, rule: MatchRule, joint: tuple[list[float], list[float]],
+             distill: tuple[list[float], list[float]], expert_flops: float) -> dict[str, Any]:
+    """Both runs' FLOPs to one target (within the slack) and the savings they give: a figure, or a bound where a
+    run never reaches it (censored at its last evaluation's FLOPs)."""
     threshold = target - rule.slack(se)
-    joint_flops = first_crossing_flops(joint_f, joint_a, threshold)
-    result: dict[str, Any] = {
-        "target_accuracy": float(target),
-        "joint_flops": float(joint_flops if joint_flops is not None else best[1]),
-        "pipeline_flops": None,
-        "expert_flops": _expert_flops(curves, experts, expert_final_flops),
-        "distill_flops": None,
-        "savings": None,
-        "distill_share": None,
-        "threshold_accuracy": float(threshold),
-        "eval_se": se,
-    }
-    return _distill_side(result, curves, distill, domains, rule, tolerance)
+    joint_flops = first_crossing_flops(*joint, threshold)
+    distill_flops = first_crossing_flops(*distill, threshold)
+    joint_total, distill_total = _last_flops(joint), _last_flops(distill)
+    out: dict[str, Any] = {"target_accuracy": float(target), "threshold_accuracy": float(threshold), "eval_se": se,
+                           "joint_flops": joint_flops, "distill_flops": distill_flops, "expert_flops": expert_flops,
+                           "pipeline_flops": None,
+                           "savings": None, "savings_bound": "", "distill_share": None, "share_bound": ""}
+    if distill_flops is None:   # the pipeline costs more than experts + the whole distillation, if it ever gets there
+        pipeline = expert_flops + distill_total
+        out.update(pipeline_flops=pipeline, distill_share=_ratio(distill_total, expert_flops), share_bound="lower")
+        if joint_flops:
+            out.update(savings=1.0 - pipeline / joint_flops, savings_bound="upper",
+                       reading=f"the distillation never reached {format_pct(threshold)}: pipeline > "
+                               f"{format_flops(pipeline)}, savings at most the figure")
+        else:
+            out["reading"] = f"neither run reached {format_pct(threshold)} past its start: no comparison"
+        return out
+    pipeline = expert_flops + distill_flops
+    out.update(pipeline_flops=pipeline, distill_share=_ratio(distill_flops, expert_flops))
+    if joint_flops is None:     # joint GRPO costs more than its whole run, if it ever gets there
+        out.update(savings=1.0 - pipeline / joint_total, savings_bound="lower",
+                   reading=f"joint GRPO never reached {format_pct(threshold)}: joint > {format_flops(joint_total)}, "
+                           "savings at least the figure")
+    elif joint_flops <= 0:      # joint GRPO's start is already there: the pipeline's FLOPs buy nothing it lacks
+        out.update(savings=-math.inf, reading=f"joint GRPO's start already reaches {format_pct(threshold)}: the "
+                                              "pipeline pays its FLOPs for nothing the joint run lacks")
+    else:
+        out.update(savings=1.0 - pipeline / joint_flops,
+                   reading=f"both reach {format_pct(threshold)}: pipeline {format_flops(pipeline)}, joint "
+                           f"{format_flops(joint_flops)}")
+    return out
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return float(num / den) if den > 0 else None
+
+
+def _last_flops(curve: tuple[list[float], list[float]]) -> float:
+    """FLOPs of a run's last evaluation point with an accuracy (where its curve, and so what it reached, ends)."""
+    return max(f for f, a in zip(*curve) if not math.isnan(a))
+
+
+def savings_sign(savings: float | None, bound: str = "") -> str:
+    """``positive`` / ``negative`` / ``unknown``: a figure's sign; an upper bound's when it is <= 0 (negative), a
+    lower bound's when it is > 0 (positive), unknown otherwise; no figure is unknown."""
+    if savings is None or (isinstance(savings, float) and math.isnan(savings)):
+        return "unknown"
+    if bound == "upper":
+        return "negative" if savings <= 0 else "unknown"
+    if bound == "lower":
+        return "positive" if savings > 0 else "unknown"
+    return "positive" if savings > 0 else "negative"
+
+
+def sign_over_seeds(readings: Sequence[tuple[float | None, str]]) -> str:
+    """The savings' sign over seeds from per-seed ``(savings, savings_bound)``: with a finite figure for every seed,
+    the 95% t interval's (``positive`` above 0, ``negative`` at or below, else ``inconclusive``; one seed: its
+    sign); otherwise ``positive`` / ``negative`` when every seed's :func:`savings_sign` is, else ``inconclusive``.
+    The same rule claims.md applies to S4/S5-savings."""
+    from opdgrpo.report.uncertainty import FAILS, HOLDS, interval_verdict, mean_interval
+
+    figures = [float(v) for v, bound in readings if v is not None and not bound and math.isfinite(v)]
+    if readings and len(figures) == len(readings):
+        if len(figures) == 1:
+            return "positive" if figures[0] > 0 else "negative"
+        _, lo, hi = mean_interval(figures)
+        return {HOLDS: "positive", FAILS: "negative"}.get(interval_verdict(lo, hi), "inconclusive")
+    signs = {savings_sign(v, bound) for v, bound in readings}
+    return signs.pop() if len(signs) == 1 and signs != {"unknown"} else "inconclusive"
+
+
+def format_savings(savings: float | None, bound: str = "") -> str:
+    """``-12.3%``, ``>= 40.1%``, ``<= -5.0%``, ``-inf`` or ``n/a``."""
+    if savings is None or (isinstance(savings, float) and math.isnan(savings)):
+        return "n/a"
+    if math.isinf(savings):
+        return "-inf" if savings < 0 else "inf"
+    return {"upper": "<= ", "lower": ">= "}.get(bound, "") + f"{100 * savings:.1f}%"
 
 
 def _smoothed_mix(curves: pd.DataFrame, run: str, domains: Sequence[str], window: int) -> tuple[list[float], list[float]]:
@@ -216,38 +334,6 @@ def _expert_flops(curves: pd.DataFrame, experts: Sequence[str], final: Mapping[s
             rows = run_curve(curves, run)
             total += float(rows.loc[rows["step"].idxmax(), "cumulative_flops"])
     return total
-
-
-def _distill_side(result: dict[str, Any], curves: pd.DataFrame, distill: str, domains: Sequence[str],
-                  rule: MatchRule, tolerance: float) -> dict[str, Any]:
-    """Fill in the distillation's FLOPs to the threshold, the pipeline, the share and the savings (or the reason)."""
-    target, threshold = result["target_accuracy"], result["threshold_accuracy"]
-    dist_f, dist_a = _smoothed_mix(curves, distill, domains, rule.window)
-    distill_flops = first_crossing_flops(dist_f, dist_a, threshold)
-    if distill_flops is None:
-        reached = best_point(dist_f, dist_a)
-        best_txt = format_pct(reached[0]) if reached else "n/a"
-        se = result["eval_se"]
-        se_txt = f" - {rule.tolerance_se:g} SE ({100 * se:.2f} pts)" if se else ""
-        result["reason"] = (
-            f"distillation run '{distill}' never reached the target mix accuracy {format_pct(threshold)} "
-            f"(joint best {format_pct(target)} - tolerance {tolerance:g} pts{se_txt}, "
-            f"{rule.window}-point smoothed curves); its smoothed best was {best_txt}"
-        )
-        return result
-    expert_flops, joint_flops = result["expert_flops"], result["joint_flops"]
-    pipeline = expert_flops + distill_flops
-    result["distill_flops"] = float(distill_flops)
-    result["pipeline_flops"] = float(pipeline)
-    result["distill_share"] = float(distill_flops / expert_flops) if expert_flops > 0 else None
-    if joint_flops <= 0:
-        result["reason"] = (
-            "joint run reached the target mix accuracy at 0 training FLOPs (no improvement over its "
-            "initial model beyond the tolerance), so savings relative to it are undefined"
-        )
-        return result
-    result["savings"] = float(1.0 - pipeline / joint_flops)
-    return result
 
 
 # -------------------------------------------------------------------------------------------------------------- CLI
@@ -297,11 +383,25 @@ def build_parser() -> argparse.ArgumentParser:
              f"default {DEFAULT_TOLERANCE_SE:g}",
     )
     p.add_argument(
+        "--min-joint-gain-se", type=float, default=DEFAULT_MIN_JOINT_GAIN_SE, metavar="SE",
+        help="joint GRPO's best is the target only when it gained this many SE over its start; else the savings "
+             f"are read at the distillation's best; default {DEFAULT_MIN_JOINT_GAIN_SE:g}",
+    )
+    p.add_argument(
         "--runs", type=Path, default=None, metavar="RUNS_DIR",
         help="optional runs directory: take experts' final FLOPs from done.json instead of their last eval point, "
              "and the held-out sizes (n prompts, k) of the joint run's evals.jsonl for the SE tolerance",
     )
     return p
+
+
+def _strict_json(value: Any) -> Any:
+    """``value`` with minus infinity (and NaN) as strings, so the CLI prints JSON every parser reads."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("-inf" if value < 0 else "inf")
+    if isinstance(value, Mapping):
+        return {k: _strict_json(v) for k, v in value.items()}
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -313,12 +413,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sizes = eval_sizes(args.runs / args.joint) if args.runs is not None else None
         result = compute_savings(
             curves, args.joint, args.distill, list(args.experts), args.domains, args.tolerance, final,
-            smooth_window=args.smooth_window, tolerance_se=args.tolerance_se, eval_sizes=sizes,
+            smooth_window=args.smooth_window, tolerance_se=args.tolerance_se,
+            min_joint_gain_se=args.min_joint_gain_se, eval_sizes=sizes,
         )
     except ReportInputError as exc:
         print(f"opdgrpo savings: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(result))
+    print(json.dumps(_strict_json(result), allow_nan=False))
     return 0
 
 

@@ -1,12 +1,13 @@
-"""Uncertainty over seeds: 95% intervals for curves and claims, a bootstrap interval for savings, and the verdict rule.
+"""Uncertainty over seeds: 95% intervals for curves and claims, and the verdict rule.
 
 Our own code (no scipy in the dependencies for one quantile table). Seeds are the unit of replication: each seed
 re-runs every post-training job with other sampling and data order (the base models are shared), so the intervals
 say how much a finding depends on training randomness, not on the choice of base model.
 
 * Curves and claim statistics: mean over seeds +- Student's t quantile (two-sided 95%) x standard error.
-* Savings: percentile bootstrap over seeds of the mean saving (resample seeds with replacement). With 3 seeds only
-  10 distinct resamples exist, so the bootstrap interval is coarse; it is reported beside the t interval's verdict.
+* Savings: a figure or a bound per seed (:mod:`opdgrpo.report.savings`); savings.csv gives their range over seeds
+  (with 3 seeds a bootstrap would have 10 distinct resamples and only restate the range), the verdict the t interval
+  of the figures, or the seeds' agreement where a bound stands in for a figure.
 * Verdict: a claim *holds* when its whole interval lies on the claim's side of the threshold, *does not hold* when
   the whole interval lies on the other side, and is *inconclusive* when the interval straddles it. One seed gives no
   interval: the verdict then follows the single value, labelled "indicative: one seed"; two seeds give an interval
@@ -48,18 +49,6 @@ def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
         return mean, mean, mean
     half = t_quantile_95(x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
     return mean, mean - half, mean + half
-
-
-def bootstrap_interval(values: Sequence[float], reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """(mean, 2.5th, 97.5th percentile) of the bootstrap distribution of the mean (resampling ``values``)."""
-    x = np.asarray([float(v) for v in values], dtype=float)
-    if x.size == 0 or not np.all(np.isfinite(x)):
-        return math.nan, math.nan, math.nan
-    if x.size == 1:
-        return float(x[0]), float(x[0]), float(x[0])
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(reps, x.size))].mean(axis=1)
-    return float(x.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
 #: The verdict words of claims.md; ``not measured`` when a claim has no data (study absent, a run lacks the domain).

@@ -144,7 +144,7 @@ class Study(Generic[Entry]):
 
 #: Study keys of the matching rule (:mod:`opdgrpo.report.matching`) that the plan copies into a report-spec entry;
 #: the report gives an entry without them the rule's defaults.
-MATCHING_KEYS = ("tolerance", "smooth_window", "tolerance_se", "share_threshold")
+MATCHING_KEYS = ("tolerance", "smooth_window", "tolerance_se", "share_threshold", "min_joint_gain_se")
 
 
 def matching_keys(block: Mapping[str, Any]) -> dict[str, Any]:

@@ -42,6 +42,7 @@ class ConsolidationEntry(TypedDict):
     tolerance: float      # accuracy points below the joint target still counted as matched
     smooth_window: NotRequired[int]       # evaluation points in the centred moving average (absent: the default)
     tolerance_se: NotRequired[float]      # standard errors of one evaluation below the target still matched
+    min_joint_gain_se: NotRequired[float]  # joint GRPO's best is the target only past this gain (standard errors)
     share_threshold: NotRequired[float]   # <S>-share holds below this distillation / experts share
     eval_sizes: NotRequired[dict[str, dict[str, list[int]]]]  # the joint run's held-out sizes (attached by the report)
 
@@ -67,6 +68,10 @@ class ConsolidationStudy(Study[ConsolidationEntry]):
             "share_threshold": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
                                 "description": "<S>-share holds when distillation FLOPs / experts' FLOPs is below "
                                                "this (the paper's 'small fraction': 5.2% and 8.0%)"},
+            "min_joint_gain_se": {"type": "number", "minimum": 0,
+                                  "description": "joint GRPO's best is the savings target only when it gained this "
+                                                 "many standard errors of one evaluation over its start; otherwise "
+                                                 "the savings are read at the distillation's best (docs/method.md)"},
         },
     }
 
@@ -112,21 +117,15 @@ class ConsolidationStudy(Study[ConsolidationEntry]):
         """The savings row of one per-seed entry: matched-FLOP savings with domains, paper values and status."""
         from opdgrpo.report.curves import instance_seed
         from opdgrpo.report.matching import DEFAULT_SHARE_THRESHOLD
-        from opdgrpo.report.savings import SAVINGS_COLUMNS
 
         domains, rule, result = matched_savings(self.name, entry, curves, final_flops)
         return {
             "study": self.name,
             "domains": "+".join(domains),
-            **{k: result.get(k) for k in SAVINGS_COLUMNS if k in result},
+            **savings_fields(result, rule),
             "paper_savings": self.paper.savings,
             "paper_distill_share": self.paper.distill_share,
-            "tolerance_points": rule.tolerance_points,
-            "smooth_window": rule.window,
-            "tolerance_se": rule.tolerance_se,
             "share_threshold": float(entry.get("share_threshold", DEFAULT_SHARE_THRESHOLD)),
-            "status": "matched" if result.get("savings") is not None else "not matched",
-            "reason": result.get("reason", ""),
             "seed": instance_seed(dict(spec), dict(entry)),
         }
 
@@ -187,9 +186,36 @@ def matched_savings(key: str, entry: Mapping[str, Any], curves: pd.DataFrame,
     result = compute_savings(
         curves, entry["joint"], entry["distill"], list(entry["experts"]), domains, rule.tolerance_points,
         {e: final_flops[e] for e in entry["experts"] if e in final_flops},
-        smooth_window=rule.window, tolerance_se=rule.tolerance_se, eval_sizes=entry.get("eval_sizes"),
+        smooth_window=rule.window, tolerance_se=rule.tolerance_se, min_joint_gain_se=rule.min_joint_gain_se,
+        eval_sizes=entry.get("eval_sizes"),
     )
     return domains, rule, result
+
+
+def savings_fields(result: Mapping[str, Any], rule: Any) -> dict[str, Any]:
+    """The savings.csv fields of one :func:`~opdgrpo.report.savings.compute_savings` result: the deciding
+    reading, its sign and status, the other direction's target and savings, and the matching rule."""
+    from opdgrpo.report.savings import SAVINGS_KEYS, savings_sign
+
+    other = result.get("other") or {}
+    sign = savings_sign(result.get("savings"), result.get("savings_bound", ""))
+    bound = result.get("savings_bound", "")
+    return {
+        **{k: result.get(k) for k in SAVINGS_KEYS},
+        "savings_sign": sign,
+        "joint_gain": result.get("joint_gain"),
+        "min_joint_gain": result.get("min_joint_gain"),
+        "other_direction": other.get("direction"),
+        "other_target_accuracy": other.get("target_accuracy"),
+        "other_savings": other.get("savings"),
+        "other_savings_bound": other.get("savings_bound", ""),
+        "status": ("figure" if not bound else f"{bound} bound") if result.get("savings") is not None else "none",
+        "reason": result.get("reason", ""),
+        "tolerance_points": rule.tolerance_points,
+        "smooth_window": rule.window,
+        "tolerance_se": rule.tolerance_se,
+        "min_joint_gain_se": rule.min_joint_gain_se,
+    }
 
 
 def _mix_panel(key: str, entry: ConsolidationEntry, ctx: PlotContext) -> Panel:
@@ -211,49 +237,60 @@ def _mix_panel(key: str, entry: ConsolidationEntry, ctx: PlotContext) -> Panel:
     mix.vlines.append((expert_flops, f"experts' total {format_flops(expert_flops)}"))
     if sav.get("target_accuracy") is not None:
         level = sav.get("threshold_accuracy", sav["target_accuracy"])  # the target less the tolerance
-        mix.hlines.append((100.0 * sav["target_accuracy"], "target: joint GRPO best (smoothed)"))
-        mix.points.append((sav["joint_flops"], 100.0 * level, "matched points (target - tolerance)"))
-        if sav.get("pipeline_flops") is not None:
-            mix.points.append((sav["pipeline_flops"], 100.0 * level, "_nolegend_"))
+        whose = "joint GRPO" if sav.get("direction") == "joint" else "the distillation"
+        mix.hlines.append((100.0 * sav["target_accuracy"], f"target: {whose}'s best (smoothed)"))
+        reached = [sav.get("joint_flops"), sav.get("pipeline_flops") if sav.get("distill_flops") is not None else None]
+        for i, flops in enumerate(f for f in reached if f is not None):   # a side that never reached it: no point
+            mix.points.append((flops, 100.0 * level, "reached (target - tolerance)" if i == 0 else "_nolegend_"))
     return mix
 
 
 def _consolidation_verdicts(key: str, savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
-    """``<key>-share`` and ``<key>-savings`` from the study's savings row (none without a row)."""
-    from opdgrpo.report.curves import format_flops, format_pct
+    """``<key>-share`` and ``<key>-savings`` from the study's savings row (none without a row): a figure gives a
+    margin, a bound a verdict where it settles the sign and "inconclusive" where it does not."""
+    import math
+
+    from opdgrpo.report.curves import format_flops
     from opdgrpo.report.matching import DEFAULT_SHARE_THRESHOLD
-    from opdgrpo.report.uncertainty import FAILS, HOLDS, UNMEASURED
+    from opdgrpo.report.savings import format_savings, savings_sign
+    from opdgrpo.report.uncertainty import FAILS, HOLDS, INCONCLUSIVE, UNMEASURED
 
     sav = savings.get(key)
     if sav is None:
         return {}
-    expert, distill = sav.get("expert_flops"), sav.get("distill_flops")
-    if distill is None:
-        why = sav.get("reason", "the distillation never reached the target")
-        share = (f"experts {format_flops(expert)}; distillation never reached the target", f"{UNMEASURED}: {why}")
-        saving = ((f"target {format_pct(sav.get('target_accuracy'))}, joint {format_flops(sav.get('joint_flops'))}; "
-                   "pipeline never matched"), f"{FAILS}: {why}")
-        return {f"{key}-share": share, f"{key}-savings": saving}
     out: Verdicts = {}
-    s = sav.get("distill_share")
+    sv, bound = sav.get("savings"), sav.get("savings_bound") or ""
+    read = f"{sav.get('direction')} direction{_tolerance_text(sav)}"
+    share, share_bound = sav.get("distill_share"), sav.get("share_bound") or ""
     limit = float(sav.get("share_threshold") or DEFAULT_SHARE_THRESHOLD)
-    share_txt = f"experts {format_flops(expert)}, distillation {format_flops(distill)}"
-    if s is None:
+    share_txt = (f"experts {format_flops(sav.get('expert_flops'))}, distillation {format_flops(sav.get('distill_flops'))}"
+                 f"{' (never reached the target)' if share_bound else ''}")
+    if share is None:
         out[f"{key}-share"] = (share_txt, f"{UNMEASURED}: experts' FLOPs are 0")
-    elif not (sav.get("joint_flops") or 0) > 0:  # the target is the initial accuracy: reached for free, no share
-        out[f"{key}-share"] = (share_txt, f"{UNMEASURED}: {sav.get('reason', 'joint GRPO never improved')}")
     else:
-        out[f"{key}-share"] = (f"{share_txt} ({100 * s:.1f}% of experts; threshold {100 * limit:g}%)",
-                               HOLDS if s < limit else f"{FAILS}: share >= {100 * limit:g}%", limit - s, True)
-    sv = sav.get("savings")
-    txt = (f"pipeline {format_flops(sav.get('pipeline_flops'))} vs joint {format_flops(sav.get('joint_flops'))} "
-           f"at target mix accuracy {format_pct(sav.get('target_accuracy'))}{_tolerance_text(sav)}")
+        share_txt += f" ({'>= ' if share_bound else ''}{100 * share:.1f}% of experts; threshold {100 * limit:g}%)"
+        if share_bound:
+            out[f"{key}-share"] = (share_txt, f"{FAILS}: share >= {100 * limit:g}%" if share >= limit else
+                                   f"{INCONCLUSIVE}: the distillation never reached the target, so its share is "
+                                   "a lower bound under the threshold")
+        elif not sav.get("distill_flops") or (sv is not None and math.isinf(sv)):
+            out[f"{key}-share"] = (share_txt, f"{INCONCLUSIVE}: the distillation reached nothing beyond its start or "
+                                              "joint GRPO's, so there is no cost of consolidation to share")
+        else:
+            out[f"{key}-share"] = (share_txt, HOLDS if share < limit else f"{FAILS}: share >= {100 * limit:g}%",
+                                   limit - share, True)
+    sign = savings_sign(sv, bound)
+    txt = f"savings {format_savings(sv, bound)} ({read}): {sav.get('reason', '')}"
     if sv is None:
         out[f"{key}-savings"] = (txt, f"{UNMEASURED}: {sav.get('reason', 'savings undefined')}")
+    elif not bound and math.isfinite(sv):
+        out[f"{key}-savings"] = (txt, HOLDS if sv > 0 else f"{FAILS}: the pipeline costs more than joint GRPO", sv, True)
+    elif sign == "positive":
+        out[f"{key}-savings"] = (txt, HOLDS)
+    elif sign == "negative":
+        out[f"{key}-savings"] = (txt, f"{FAILS}: the pipeline costs more than joint GRPO")
     else:
-        more_or_less = "fewer" if sv >= 0 else "more"
-        out[f"{key}-savings"] = (f"{100 * abs(sv):.1f}% {more_or_less} total FLOPs: {txt}",
-                                 HOLDS if sv > 0 else f"{FAILS}: the pipeline costs more than joint GRPO", sv, True)
+        out[f"{key}-savings"] = (txt, f"{INCONCLUSIVE}: the bound {format_savings(sv, bound)} does not settle the sign")
     return out
 
 

@@ -24,10 +24,14 @@ class S4(ConsolidationStudy):
     )
     direction_tests = (
         "**S4** - savings = 1 - (experts' final FLOPs + distillation FLOPs to the target) / joint GRPO's FLOPs to the "
-        "target > 0 (S4-savings), the target being joint GRPO's best mix accuracy on its smoothed curve and both runs "
-        "reaching it when their smoothed curves come within the tolerance of it; distillation FLOPs / experts' FLOPs "
-        "< the study's share_threshold (S4-share; 15% by default, about twice the paper's 5.2% and 8.0%, the 'small "
-        "fraction' tested). Accuracy of a domain = mean of its held-out sets."
+        "target > 0 (S4-savings), both runs reaching the target when their smoothed mix accuracy comes within the "
+        "tolerance of it. The target is joint GRPO's best smoothed mix accuracy (the paper's direction) when joint "
+        "GRPO gained at least min_joint_gain_se (3) standard errors over its start, else the distillation's best "
+        "(read the other way); a run that never reaches it gives a bound (<=, >=), which decides a seed only where it "
+        "settles the sign; joint GRPO's start already at the pipeline's best gives -inf. Distillation FLOPs / experts' "
+        "FLOPs < the study's share_threshold (S4-share; 15% by default, about twice the paper's 5.2% and 8.0%, the "
+        "'small fraction' tested), inconclusive where the distillation reached nothing beyond its start. Accuracy of a "
+        "domain = mean of its held-out sets."
     )
     direction_tests_rank = 40
 

@@ -71,6 +71,7 @@ class S6Entry(TypedDict):
     tolerance: float
     smooth_window: NotRequired[int]
     tolerance_se: NotRequired[float]
+    min_joint_gain_se: NotRequired[float]
 
 
 def level_tag(level: float) -> str:
@@ -114,6 +115,7 @@ class S6(Study[S6Entry]):
             "tolerance": {"type": "number", "minimum": 0},
             "smooth_window": {"type": "integer", "minimum": 1},
             "tolerance_se": {"type": "number", "minimum": 0},
+            "min_joint_gain_se": {"type": "number", "minimum": 0},
         },
     }
 
@@ -222,21 +224,6 @@ class S6(Study[S6Entry]):
 
 
 # ---------------------------------------------------------------------------------------------------- the map data
-def _sign(values: Sequence[float | None]) -> str:
-    """Sign of a cell's savings over seeds: ``positive`` / ``negative`` by the 95% t interval (one seed: its sign,
-    indicative), ``inconclusive`` when it spans 0 or seeds disagree; a seed never matched counts as negative (the
-    pipeline never reached joint GRPO's target)."""
-    from opdgrpo.report.uncertainty import FAILS, HOLDS, interval_verdict, mean_interval
-
-    matched = [float(v) for v in values if v is not None]
-    if len(matched) < len(values):
-        return "negative" if all(v <= 0 for v in matched) else "inconclusive"
-    if len(matched) == 1:
-        return "positive" if matched[0] > 0 else "negative"
-    _, lo, hi = mean_interval(matched)
-    return {HOLDS: "positive", FAILS: "negative"}.get(interval_verdict(lo, hi), "inconclusive")
-
-
 def _collapse(margins: Sequence[float]) -> str:
     """A domain's collapse over seeds from margins final - half of step 0: ``collapsed`` when the interval lies below
     0 (one seed: the margin), ``no`` above, ``inconclusive`` when it spans 0."""
@@ -254,7 +241,7 @@ def _savings_cells(entry: S6Entry, index: int, curves: pd.DataFrame,
     from .consolidation import matched_savings
 
     cell = entry["cells"][index]
-    sub = {k: entry[k] for k in ("tolerance", "smooth_window", "tolerance_se") if k in entry}  # type: ignore[literal-required]
+    sub = {k: entry[k] for k in ("tolerance", "smooth_window", "tolerance_se", "min_joint_gain_se") if k in entry}  # type: ignore[literal-required]
     sub.update(domains=entry["domains"], joint=cell["joint"], distill=cell["distill"], experts=cell["experts"],
                eval_sizes=cell.get("eval_sizes"))
     return matched_savings("S6", sub, curves, final_flops)[2]
@@ -294,20 +281,24 @@ def _collapse_columns(instances: Sequence[S6Entry], index: int, curves: pd.DataF
 
 def map_frame(instances: Sequence[S6Entry], curves: pd.DataFrame,
               final_flops: Mapping[str, float]) -> pd.DataFrame:
-    """One row per cell: savings over seeds (mean, 95% t interval over matched seeds, matched count, sign) and the
-    collapse columns (:func:`_collapse_columns`)."""
+    """One row per cell: savings over seeds (mean and 95% t interval of the seeds with a finite figure, how many
+    had one, every seed's reading, the sign by :func:`~opdgrpo.report.savings.sign_over_seeds`) and the collapse
+    columns (:func:`_collapse_columns`)."""
     import pandas as pd
+
+    from opdgrpo.report.savings import format_savings, sign_over_seeds
 
     rows = []
     for index, cell in enumerate(instances[0]["cells"]):
         results = [_savings_cells(inst, index, curves, final_flops) for inst in instances]
-        savings = [r.get("savings") for r in results]
-        matched = [float(v) for v in savings if v is not None]
+        readings = [(r.get("savings"), r.get("savings_bound", "")) for r in results]
+        figures = [float(v) for v, bound in readings if v is not None and not bound and math.isfinite(v)]
         shares = [float(r["distill_share"]) for r in results if r.get("distill_share") is not None]
         rows.append({
             "interference": cell["interference"], "thinking_fraction": cell["thinking_fraction"],
-            "seeds": len(instances), **_stats("savings", matched), "matched": f"{len(matched)}/{len(instances)}",
-            "savings_sign": _sign(savings), **_stats("distill_share", shares),
+            "seeds": len(instances), **_stats("savings", figures), "matched": f"{len(figures)}/{len(instances)}",
+            "readings": ", ".join(format_savings(v, bound) for v, bound in readings),
+            "savings_sign": sign_over_seeds(readings), **_stats("distill_share", shares),
             **_collapse_columns(instances, index, curves),
         })
     return pd.DataFrame(rows)
@@ -331,16 +322,17 @@ def map_markdown(frame: pd.DataFrame, entry: S6Entry) -> str:
     lines = [
         f"# S6: where the claims flip ({seeds} seed{'s' if seeds != 1 else ''} per cell)", "",
         f"Savings: S4's matched-FLOP savings of experts + multi-teacher OPD against joint GRPO on "
-        f"{' + '.join(entry['domains'])} (savings.md's rule), mean over the seeds that matched with a 95% t interval; "
-        "sign: positive / negative when the interval excludes 0 (a seed that never matched counts as negative), "
-        "else inconclusive. Collapse: OPD from the external teacher on "
+        f"{' + '.join(entry['domains'])} (savings.md's rule: a figure or a bound per seed), mean over the seeds with a "
+        "finite figure with a 95% t interval (matched: how many had one; readings: every seed's); sign: with a figure "
+        "for every seed, positive / negative when the interval excludes 0, else positive / negative when every "
+        "seed's figure or bound says so, inconclusive otherwise. Collapse: OPD from the external teacher on "
         f"{' + '.join(entry['external_domains'])}; step 0 is the base student, a domain collapses when its final "
         f"accuracy is below {COLLAPSE_SHARE:g} x step 0's (the 95% t interval of final - {COLLAPSE_SHARE:g} x step 0 "
         "below 0); retention = final / step 0, mean over the domains." + (" One seed: no intervals, indicative only."
                                                                            if seeds == 1 else ""), "",
-        "| interference | thinking fraction | savings | matched | sign | distill share | "
+        "| interference | thinking fraction | savings | matched | readings | sign | distill share | "
         + " | ".join(f"{d}: step 0 -> final" for d in domains) + " | retention | collapse |",
-        "|---|---|---|---|---|---|" + "---|" * len(domains) + "---|---|",
+        "|---|---|---|---|---|---|---|" + "---|" * len(domains) + "---|---|",
     ]
     for _, r in frame.iterrows():
         accs = [f"{_pct(r[f'{d}_base'], r[f'{d}_base_lo'], r[f'{d}_base_hi'])} -> "
@@ -349,7 +341,7 @@ def map_markdown(frame: pd.DataFrame, entry: S6Entry) -> str:
             f"{r['retention']:.2f}" + ("" if r["retention_lo"] == r["retention_hi"]
                                        else f" [{r['retention_lo']:.2f}, {r['retention_hi']:.2f}]"))
         lines.append(f"| {r['interference']:g} | {r['thinking_fraction']:g} | "
-                     f"{_pct(r['savings'], r['savings_lo'], r['savings_hi'], signed=True)} | {r['matched']} | "
+                     f"{_pct(r['savings'], r['savings_lo'], r['savings_hi'], signed=True)} | {r['matched']} | {r['readings']} | "
                      f"{r['savings_sign']} | {_pct(r['distill_share'], r['distill_share_lo'], r['distill_share_hi'])} | "
                      + " | ".join(accs) + f" | {retention} | {r['collapse']} |")
     return "\n".join(lines + [""])
@@ -403,8 +395,8 @@ def map_figure(frame: pd.DataFrame, entry: S6Entry) -> Figure:
     FigureCanvasAgg(fig)
     left, right = fig.subplots(1, 2)
     marks = {"positive": "+", "negative": "-", "inconclusive": "?"}
-    sav_labels = [[_pct(r["savings"], r["savings_lo"], r["savings_hi"], True, sep="\n").replace("n/a", "never matched")
-                   + f"\n{marks[r['savings_sign']]} ({r['matched']} matched)" for r in row] for row in _rows(frame, xs, ys)]
+    sav_labels = [[_pct(r["savings"], r["savings_lo"], r["savings_hi"], True, sep="\n").replace("n/a", r["readings"])
+                   + f"\n{marks[r['savings_sign']]} ({r['matched']} figures)" for r in row] for row in _rows(frame, xs, ys)]
     image = _heatmap(left, _percent(_grid(frame, "savings", xs, ys)), sav_labels, xs, ys, "RdBu", (-100, 100))
     fig.colorbar(image, ax=left, label="savings vs joint GRPO (%)")
     _sign_edges(left, _grid(frame, "savings_sign", xs, ys))
