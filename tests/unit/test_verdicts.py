@@ -206,3 +206,26 @@ def test_a_world_where_nothing_learns_answers_minus_infinity_not_a_blank(tmp_pat
     assert rows[0]["target_accuracy"] == 0.0 and rows[0]["savings"] == -math.inf and rows[0]["direction"] == "pipeline"
     assert found["S4-savings"][1].startswith("does not hold") and "-inf" in found["S4-savings"][0]
     assert found["S4-share"][1].startswith("inconclusive")   # nothing was consolidated, so no share to test
+
+
+def test_measurability_conditions_are_met_where_every_method_learns_and_named_where_one_does_not(tmp_path, monkeypatch):
+    from opdgrpo.report.conditions import condition_rows, conditions_markdown
+
+    w = world(tmp_path / "a", [0, 1])
+    attach_run_info(w["spec"], w["runs"])
+    rows = condition_rows(w["spec"], load_curves(w["spec"], w["runs"]), w["runs"])
+    assert [r["condition"] for r in rows[:5]] == ["expert math learns", "expert code learns", "joint GRPO learns its mix",
+                                                  "distillation reaches the math expert",
+                                                  "distillation reaches the code expert"]
+    assert len(rows) == 10 and all(r["met"] for r in rows), rows
+    assert all(r["in_se"] > 4 for r in rows if r["condition"].startswith("expert"))   # 20 -> 45%: about 20 SE
+    # a distillation that plateaus at 30%, below its experts' 45%: that condition fails, by about -10 SE
+    monkeypatch.setitem(WORLD, "distill", (100, 10, 5.0e10, 0.20, 0.30, 25.0))
+    w = world(tmp_path / "b", [0])
+    attach_run_info(w["spec"], w["runs"])
+    curves = load_curves(w["spec"], w["runs"])
+    failed = [r for r in condition_rows(w["spec"], curves, w["runs"]) if not r["met"]]
+    assert {r["condition"] for r in failed} == {"distillation reaches the math expert", "distillation reaches the code expert"}
+    assert all(r["in_se"] < -5 for r in failed)
+    md = conditions_markdown(w["spec"], curves, w["runs"])
+    assert "**Met: 3 of 5.**" in md and md.count("| **no** |") == 2

@@ -33,6 +33,7 @@ from matplotlib.figure import Figure
 
 from opdgrpo.progress import Stages
 from opdgrpo.report.claims import claims_table
+from opdgrpo.report.conditions import conditions_markdown
 from opdgrpo.report.constraints import constraints_markdown
 from opdgrpo.report.curves import (
     ReportInputError,
@@ -390,6 +391,7 @@ def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, An
     written.append(write_text(out_dir / "claims.md", claims))
     written.append(write_text(out_dir / "base_models.md", base_models_markdown(spec, profile)))
     written.append(write_text(out_dir / "constraints.md", constraints_markdown(spec, runs_dir)))
+    written.append(write_text(out_dir / "conditions.md", conditions_markdown(spec, curves, runs_dir)))
     written.append(write_text(out_dir / "mfu.md", mfu_markdown(spec, runs_dir, profile)))
     for stem, fig in figures.items():
         written.extend(save_figure(fig, out_dir, stem))

@@ -1,0 +1,121 @@
+"""``conditions.md``: whether this run's world is one where the consolidation studies can be read at all.
+
+The savings (S4, S5) compare two ways of learning several domains; they say something only where both ways learn.
+docs/method.md ("Measurability conditions", issue 27) fixes three conditions from the paper's setting, before any
+run with them and never from a verdict; this table measures them on every seed, so a reader sees whether a verdict
+rests on a world that meets them:
+
+* **Experts learn**: every GRPO expert gains at least :data:`EXPERT_GAIN_SE` (4) standard errors of one evaluation in
+  its own domain (the paper's experts gain 10-20 points).
+* **Joint GRPO learns**: joint GRPO gains at least the study's ``min_joint_gain_se`` (3) standard errors on its mix,
+  the same gain past which the savings take its best as their target (:mod:`opdgrpo.report.savings`).
+* **The distillation reaches its experts**: in every domain of the mix, the multi-teacher distillation's best comes
+  within :data:`DISTILL_SHORTFALL_SE` (1) standard error of that domain's expert's best (the paper's consolidated
+  student matches its experts).
+
+Gains are best minus first point of the smoothed curve (the study's ``smooth_window``), in standard errors of one
+evaluation point at the best (:func:`opdgrpo.report.matching.mix_se`, from each run's recorded held-out sizes).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from opdgrpo.report.curves import domain_curve, format_pct, instance_seed, mix_accuracy, run_curve, study_instances
+from opdgrpo.report.matching import DEFAULT_MIN_JOINT_GAIN_SE, MatchRule, eval_sizes, mix_se, smooth
+
+#: An expert's gain in its own domain, in standard errors of one evaluation, for the world to count as one where
+#: GRPO learns (docs/method.md, "Measurability conditions").
+EXPERT_GAIN_SE = 4.0
+#: The distillation's shortfall below an expert, in standard errors, that still counts as reaching it.
+DISTILL_SHORTFALL_SE = 1.0
+#: The studies whose runs the conditions read: the consolidation studies (experts, joint GRPO, their distillation).
+STUDIES = ("S4", "S5")
+
+
+def _curve(curves: pd.DataFrame, run: str, domains: Sequence[str], window: int) -> list[float]:
+    """A run's smoothed accuracy on one domain or the mix of several, in step order."""
+    if len(domains) == 1:
+        acc = domain_curve(curves, run, domains[0]).sort_values("step")["accuracy"]
+    else:
+        acc = mix_accuracy(run_curve(curves, run), domains).sort_values("step", kind="stable")["accuracy"]
+    return [a for a in smooth(acc.tolist(), window) if not math.isnan(a)]
+
+
+def _gain(curves: pd.DataFrame, run: str, domains: Sequence[str], window: int, runs_dir: Path) -> tuple[float, float, float | None]:
+    """(first, best, SE at the best) of a run's smoothed curve on ``domains``."""
+    acc = _curve(curves, run, domains, window)
+    best = max(acc)
+    return acc[0], best, mix_se(best, eval_sizes(runs_dir / run), domains)
+
+
+def condition_rows(spec: Mapping[str, Any], curves: pd.DataFrame, runs_dir: Path) -> list[dict[str, Any]]:
+    """One row per condition, study and seed (an expert shared by S4 and S5 once): what was measured, in points and
+    in standard errors, the threshold, and whether it was met (``None`` where the held-out sizes are unknown)."""
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for key in STUDIES:
+        entry = (spec.get("studies") or {}).get(key)
+        if entry is None:
+            continue
+        for inst in study_instances(entry):
+            window = MatchRule.of(inst).window
+            domains, seed = list(inst["domains"]), instance_seed(dict(spec), dict(inst))
+            bests: dict[str, tuple[float, float | None]] = {}
+            for d, expert in zip(domains, inst["experts"]):
+                first, best, se = _gain(curves, expert, [d], window, Path(runs_dir))
+                bests[d] = (best, se)
+                if expert not in seen:
+                    seen.add(expert)
+                    rows.append(_row(key, seed, f"expert {d} learns", expert, best - first, se, EXPERT_GAIN_SE,
+                                     f"{format_pct(first)} -> {format_pct(best)}"))
+            first, best, se = _gain(curves, inst["joint"], domains, window, Path(runs_dir))
+            rows.append(_row(key, seed, "joint GRPO learns its mix", inst["joint"], best - first, se,
+                             float(inst.get("min_joint_gain_se", DEFAULT_MIN_JOINT_GAIN_SE)),
+                             f"{format_pct(first)} -> {format_pct(best)}"))
+            for d in domains:
+                reached = max(_curve(curves, inst["distill"], [d], window))
+                expert_best, se = bests[d]
+                rows.append(_row(key, seed, f"distillation reaches the {d} expert", inst["distill"],
+                                 reached - expert_best, se, -DISTILL_SHORTFALL_SE,
+                                 f"{format_pct(reached)} vs the expert's {format_pct(expert_best)}"))
+    return rows
+
+
+def _row(study: str, seed: Any, condition: str, run: str, diff: float, se: float | None, threshold: float,
+         what: str) -> dict[str, Any]:
+    in_se = diff / se if se else None
+    return {"study": study, "seed": seed, "condition": condition, "run": run, "measured": what,
+            "difference_points": 100 * diff, "in_se": in_se, "threshold_se": threshold,
+            "met": None if in_se is None else bool(in_se >= threshold)}
+
+
+def conditions_markdown(spec: Mapping[str, Any], curves: pd.DataFrame, runs_dir: Path) -> str:
+    """conditions.md: every measurability condition per study and seed, and how many were met."""
+    rows = condition_rows(spec, curves, runs_dir)
+    lines = [f"# Measurability conditions (profile `{spec.get('profile', 'unknown')}`)", "",
+             "Can the consolidation studies be read in this world? Conditions fixed before any run "
+             "(docs/method.md, \"Measurability conditions\"): every GRPO expert gains at least "
+             f"{EXPERT_GAIN_SE:g} standard errors (SE) of one evaluation in its own domain; joint GRPO gains at least "
+             "`min_joint_gain_se` SE on its mix; in every domain the multi-teacher distillation's best comes within "
+             f"{DISTILL_SHORTFALL_SE:g} SE of that domain's expert's best. Gains: best minus first point of the "
+             "smoothed curve; SE at the best, from the run's held-out sizes. Measured from this run's run "
+             "directories.", ""]
+    if not rows:
+        return "\n".join(lines + ["No consolidation study (S4, S5) in the report spec.", ""])
+    met = [r for r in rows if r["met"]]
+    lines += [f"**Met: {len(met)} of {len(rows)}.**", "",
+              "| study | seed | condition | run | measured | difference | in SE | needs | met |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        in_se = "n/a" if r["in_se"] is None else f"{r['in_se']:+.1f}"
+        needs = f">= {r['threshold_se']:+g} SE"
+        verdict = "n/a" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        lines.append(f"| {r['study']} | {r['seed']} | {r['condition']} | {r['run']} | {r['measured']} "
+                     f"| {r['difference_points']:+.1f} pts | {in_se} | {needs} | {verdict} |")
+    return "\n".join(lines + [""])
