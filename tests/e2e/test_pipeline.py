@@ -17,8 +17,6 @@ import yaml
 from opdgrpo.config import compose
 from opdgrpo.plan import build_plan
 
-#: Under pytest-xdist, every module that reads the session's smoke DAG runs on one worker, so the DAG is built once.
-pytestmark = pytest.mark.xdist_group("smoke_dag")
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 CURVE_COLUMNS = ["run", "study", "method", "train_domains", "seed", "step", "cumulative_flops", "eval_domain", "eval_set",

@@ -47,8 +47,7 @@ SLURM_SNAKEMAKE = [sys.executable, "-c", (
     "main()\n"), "--snakefile", str(REPO / "Snakefile")]
 PARTITION = "opdgrpo"
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900),
-              pytest.mark.xdist_group("smoke_dag")]   # one cluster, one smoke DAG: on the worker test_pipeline.py is on
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
 
 def _sh(*cmd: str, check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
