@@ -165,3 +165,15 @@ def test_s2_spread_over_seeds_draws_every_subset_once_and_decides_by_the_interva
     assert verdict == "holds" and "over 3 seeds" in ours and "seed 2:" in ours   # margins 0.10, 0.11, 0.12
     # GRPO wins held-out everywhere: seed 0 misses on a (OPD expected: -0.1), seeds 1 and 2 match (+0.1 each)
     assert verdicts["S2-heldout"][1].startswith("inconclusive")
+
+
+def test_seeds_without_margins_decide_by_agreement_and_an_undecided_seed_leaves_the_claim_open():
+    """A savings bound gives no margin: the seeds then agree or not, and one whose bound does not settle its sign
+    (inconclusive on its own) keeps the claim from "does not hold" even when no seed holds."""
+    fails = "does not hold: the pipeline costs more than joint GRPO"
+    assert _combine([(0, "a", fails), (1, "b", fails), (2, "c", fails)])[1].startswith("does not hold for any of 3")
+    assert _combine([(0, "a", "holds"), (1, "b", "holds"), (2, "c", "holds")])[1] == "holds"
+    verdict = _combine([(0, "a", fails), (1, "b", "inconclusive: the bound <= 12.0% does not settle the sign"),
+                        (2, "c", fails)])[1]
+    assert verdict == ("inconclusive: holds for 0/3 seeds, 1 undecided (seed 1: the bound <= 12.0% does not settle "
+                       "the sign)")

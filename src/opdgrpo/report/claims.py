@@ -134,9 +134,9 @@ def _by_agreement(per_seed: list[tuple]) -> str:
     if len(failing) == len(verdicts):
         verdict = f"{FAILS} for any of {len(per_seed)} seeds (seed {failing[0][0]}: {_why(failing[0][2])})"
         return indicative(verdict, note) if note else verdict
-    unsure = len(verdicts) - holding - len(failing)
+    unsure = [r for r in per_seed if r[2] != HOLDS and not r[2].startswith(FAILS)]
     return (f"{INCONCLUSIVE}: holds for {holding}/{len(verdicts)} seeds"
-            + (f", {unsure} undecided by its own reading" if unsure else ""))
+            + (f", {len(unsure)} undecided (seed {unsure[0][0]}: {_why(unsure[0][2])})" if unsure else ""))
 
 
 def seeds_note(spec: Mapping[str, Any]) -> str:
