@@ -133,6 +133,12 @@ def validate(cfg: dict[str, Any]) -> None:
                 schema.check(block, REGISTRY[name].schema, where=f"studies.{name}")
     except schema.SchemaError as err:
         raise ConfigError(str(err)) from None
+    for name, block in cfg["studies"].items():
+        read = REGISTRY[name].read_keys() if name in REGISTRY else None
+        unread = sorted(set(block) - read) if read is not None else []
+        if unread:
+            raise ConfigError(f"config key `studies.{name}.{unread[0]}` does nothing: study {name} reads only "
+                              f"{', '.join(sorted(read - {'name', 'title'}))} (besides name and title)")
     _validate_domains(cfg)
     _check_fsdp_block(cfg["train"])
     _check_engine_blocks(cfg["train"])

@@ -74,6 +74,11 @@ def test_an_opd_edit_changes_only_opd_job_configs():
         ("studies.S5.smooth_window=4", "studies.S5.smooth_window"),     # a centred window is odd
         ("studies.S1.smooth_window=0", "studies.S1.smooth_window"),
         ("studies.S3.tolerance_se=-1", "studies.S3.tolerance_se"),
+        ("studies.S4.min_joint_gain_se=-1", "studies.S4.min_joint_gain_se"),
+        ("+studies.S3.share_threshold=0.1", "studies.S3.share_threshold"),   # a consolidation key S3 never reads
+        ("+studies.S1.tolerance=1", "studies.S1.tolerance"),
+        ("+studies.S5b.student=teacher_m", "studies.S5b.student"),
+        ("+studies.S2.pool=10", "studies.S2.pool"),                            # a typo of pool_size
     ],
 )
 def test_bad_config_fails_early_naming_the_key(override, message):

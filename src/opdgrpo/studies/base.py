@@ -97,6 +97,16 @@ class Study(Generic[Entry]):
     #: A JSON Schema of its conf block beyond the keys every study shares (src/opdgrpo/schemas/study.schema.yaml);
     #: config validation checks it, errors naming ``studies.<name>.<key>``. Rules across keys go in :meth:`validate`.
     schema: ClassVar[dict[str, Any] | None] = None
+    #: The keys of its conf block it reads, beyond ``name``, ``title`` and its ``schema``'s properties; config
+    #: validation refuses any other, so a key that would do nothing here (``studies.S3.share_threshold``, a typo)
+    #: fails naming it. None: not checked (a study whose ``schema`` has ``additionalProperties: false``).
+    keys: ClassVar[frozenset[str] | None] = None
+
+    def read_keys(self) -> frozenset[str] | None:
+        """Every key of its conf block this study reads (None: its schema checks them)."""
+        if self.keys is None:
+            return None
+        return self.keys | {"name", "title"} | set((self.schema or {}).get("properties", {}))
     #: Its figures in the report, ``<name>_<stem>.png/.pdf`` (Snakemake's outputs of the report rule). "length" is
     #: drawn generically when :meth:`figures` gives none.
     figure_stems: ClassVar[tuple[str, ...]] = ("accuracy", "length")

@@ -61,6 +61,8 @@ class ConsolidationStudy(Study[ConsolidationEntry]):
     """Experts + multi-teacher OPD vs joint GRPO on the mix."""
 
     run_keys = frozenset({"joint", "distill", "experts"})
+    keys = frozenset({"domains", "student", "joint_steps", "distill_steps", "mix", "tolerance", "smooth_window",
+                      "tolerance_se", "min_joint_gain_se", "share_threshold"})
     paper: ClassVar[PaperSavings]
     schema = {
         "type": "object",

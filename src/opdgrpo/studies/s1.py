@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 class S1(ComparisonStudy):
     name = "S1"
+    keys = frozenset({"domains", "teachers", "student", "smooth_window"})
     claims = (
         ClaimDef(
             "S1", "S1",

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 class S1b(ComparisonStudy):
     name = "S1b"
+    keys = frozenset({"domains", "teacher", "teacher_steps", "student", "smooth_window"})
     claims = (
         ClaimDef(
             "S1b-acc", "S1b",

@@ -66,6 +66,7 @@ class S2Entry(TypedDict):
 
 class S2(Study[S2Entry]):
     name = "S2"
+    keys = frozenset({"domain", "teacher", "student"})   # and every key of its schema
     claims = (
         ClaimDef(
             "S2-in", "S2",

@@ -51,6 +51,7 @@ class S3Entry(TypedDict):
 
 class S3(Study[S3Entry]):
     name = "S3"
+    keys = frozenset({"domain", "student", "rollouts_per_prompt", "smooth_window", "tolerance_se", "tolerance"})
     claims = (
         ClaimDef(
             "S3-n1", "S3",

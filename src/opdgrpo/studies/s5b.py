@@ -31,6 +31,7 @@ class S5bEntry(TypedDict):
 
 class S5b(Study[S5bEntry]):
     name = "S5b"
+    keys = frozenset({"domains", "teacher", "steps", "mix"})
     claims = (
         ClaimDef(
             "S5b", "S5b",
