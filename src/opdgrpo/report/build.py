@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -46,7 +45,7 @@ from opdgrpo.report.curves import (
 )
 from opdgrpo.report.mfu import mfu_markdown
 from opdgrpo.report.plots import PlotContext, plot_lengths
-from opdgrpo.report.savings import SAVINGS_COLUMNS, format_savings, sign_over_seeds
+from opdgrpo.report.savings import SAVINGS_COLUMNS, finite_figures, format_savings, sign_over_seeds
 from opdgrpo.studies import REGISTRY
 
 #: Keys of a study entry whose (nested) string values are run ids: those of every registered study.
@@ -157,7 +156,7 @@ def seed_summary_row(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         values = [r.get(k) for r in per_seed]
         row[k] = float(np.mean(values)) if all(v is not None for v in values) else None
     readings = [(r.get("savings"), r.get("savings_bound") or "") for r in per_seed]
-    figures = [float(v) for v, bound in readings if v is not None and not bound and math.isfinite(v)]
+    figures = finite_figures(readings)
     row["seed"] = "all"
     row["direction"] = ", ".join(dict.fromkeys(str(r.get("direction")) for r in per_seed))
     row["savings_sign"] = sign_over_seeds(readings)

@@ -292,6 +292,11 @@ def savings_sign(savings: float | None, bound: str = "") -> str:
     return "positive" if savings > 0 else "negative"
 
 
+def finite_figures(readings: Sequence[tuple[float | None, str]]) -> list[float]:
+    """The seeds' savings that are finite figures (no bound, not -inf): the values a mean, range or interval may use."""
+    return [float(v) for v, bound in readings if v is not None and not bound and math.isfinite(v)]
+
+
 def sign_over_seeds(readings: Sequence[tuple[float | None, str]]) -> str:
     """The savings' sign over seeds from per-seed ``(savings, savings_bound)``: with a finite figure for every seed,
     the 95% t interval's (``positive`` above 0, ``negative`` at or below, else ``inconclusive``; one seed: its
@@ -299,7 +304,7 @@ def sign_over_seeds(readings: Sequence[tuple[float | None, str]]) -> str:
     The same rule claims.md applies to S4/S5-savings."""
     from opdgrpo.report.uncertainty import FAILS, HOLDS, interval_verdict, mean_interval
 
-    figures = [float(v) for v, bound in readings if v is not None and not bound and math.isfinite(v)]
+    figures = finite_figures(readings)
     if readings and len(figures) == len(readings):
         if len(figures) == 1:
             return "positive" if figures[0] > 0 else "negative"

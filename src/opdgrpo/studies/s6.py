@@ -286,13 +286,13 @@ def map_frame(instances: Sequence[S6Entry], curves: pd.DataFrame,
     columns (:func:`_collapse_columns`)."""
     import pandas as pd
 
-    from opdgrpo.report.savings import format_savings, sign_over_seeds
+    from opdgrpo.report.savings import finite_figures, format_savings, sign_over_seeds
 
     rows = []
     for index, cell in enumerate(instances[0]["cells"]):
         results = [_savings_cells(inst, index, curves, final_flops) for inst in instances]
         readings = [(r.get("savings"), r.get("savings_bound", "")) for r in results]
-        figures = [float(v) for v, bound in readings if v is not None and not bound and math.isfinite(v)]
+        figures = finite_figures(readings)
         shares = [float(r["distill_share"]) for r in results if r.get("distill_share") is not None]
         rows.append({
             "interference": cell["interference"], "thinking_fraction": cell["thinking_fraction"],
