@@ -86,6 +86,21 @@ def test_seed_interval_decides_holds_fails_and_inconclusive():
     assert _combine([(0, "a", "not measured: why")])[1] == "not measured: why"
 
 
+def test_one_unmeasured_seed_leaves_the_others_speaking():
+    """A seed whose test is undefined (S3's teacher no better than the base) makes the claim inconclusive, naming
+    that seed and why; it no longer blanks what the other seeds measured. Only every seed unmeasured is "not
+    measured"."""
+    teacher = "not measured: the teacher is no better than the initial student"
+    mixed = [(0, "a", "holds", 0.4, True), (1, "b", "holds", 0.5, True), (2, "c", teacher)]
+    assert _combine(mixed)[1] == ("inconclusive: holds for 2/3 seeds, 1 undecided (seed 2: the teacher is no "
+                                  "better than the initial student)")
+    failing = [(0, "a", "does not hold: x", -0.1, True), (1, "b", "does not hold: y", -0.2, True), (2, "c", teacher)]
+    assert _combine(failing)[1].startswith("inconclusive: holds for 0/3 seeds, 1 undecided (seed 2")
+    none = [(s, "x", teacher) for s in range(3)]
+    assert _combine(none)[1] == ("not measured for any of 3 seeds (seed 0: the teacher is no better than the "
+                                 "initial student)")
+
+
 def test_two_seeds_decide_by_interval_else_indicative_when_they_agree():
     # margins 0.10 and 0.12: t(1 df) = 12.7, half-width 12.7 * 0.01 = 0.127 > 0.11: the interval spans 0
     assert _combine([(0, "a", "holds", 0.10, True), (1, "b", "holds", 0.12, True)])[1] == (

@@ -37,7 +37,9 @@ _SEEDS_RULE = (
     "inconclusive when it spans 0; with 2 seeds the interval (t with 1 degree of freedom) decides only when it "
     "excludes 0, and otherwise two seeds that agree give an indicative verdict. Tests without a margin hold iff they "
     "hold for every seed, do not hold when no seed holds and none is left undecided, and are inconclusive otherwise "
-    "(a savings bound that does not settle its sign leaves its seed undecided). Savings and S3's crossings read smoothed curves "
+    "(a savings bound that does not settle its sign leaves its seed undecided, as does a seed whose test is undefined, "
+    "e.g. S3's teacher no better than the base; a claim undefined on every seed is not measured). Savings and S3's "
+    "crossings read smoothed curves "
     "and count a target as reached within one binomial standard error of one evaluation (docs/method.md)."
 )
 
@@ -96,8 +98,10 @@ def _combine(per_seed: list[tuple]) -> tuple[str, str]:
         return per_seed[0][1], indicative(per_seed[0][2])
     ours = "; ".join(f"seed {r[0]}: {r[1]}" for r in per_seed)
     unmeasured = [(r[0], r[2]) for r in per_seed if r[2].startswith(UNMEASURED)]
-    if unmeasured:
-        return ours, f"{UNMEASURED} for seed {unmeasured[0][0]}: {_why(unmeasured[0][1])}"
+    if len(unmeasured) == len(per_seed):
+        return ours, f"{UNMEASURED} for any of {len(per_seed)} seeds (seed {unmeasured[0][0]}: {_why(unmeasured[0][1])})"
+    if unmeasured:   # the measured seeds still speak; the unmeasured ones are undecided (no margin: by agreement)
+        return ours, _by_agreement(per_seed)
     margins = [r[3] if len(r) > 3 else None for r in per_seed]
     if all(m is not None and math.isfinite(m) for m in margins):
         mean, lo, hi = mean_interval(margins)
