@@ -128,11 +128,24 @@ def test_the_cost_model_prices_every_map_run():
         (("studies.S6.external_domains=[math,ifeval]",), "studies.S6.collapse_domains"),   # code not distilled
         (("studies.S6.teacher=teacher_x",), "studies.S6"),
         (("studies.S6.smooth_window=2",), "studies.S6.smooth_window"),
+        (("+studies.S6.distill_budgets=[4,2]",), "studies.S6.distill_budgets"),        # not ascending
+        (("+studies.S6.distill_budgets=[3,6]",), "studies.S6.distill_budgets"),        # 3: no evaluation point
+        (("+studies.S6.distill_budgets=[2,4]", "studies.S6.distill_steps=4"), "studies.S6.distill_steps"),
     ],
 )
 def test_bad_map_configs_fail_naming_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
         smoke_map(*overrides)
+
+
+def test_the_distillation_runs_the_largest_budget_once():
+    """distill_budgets: one distillation per cell and seed, of the largest budget; the entry lists them all."""
+    plan = build_plan(smoke_map("+studies.S6.distill_budgets=[2,6]"))
+    entry = plan.report_spec["studies"]["S6"]
+    assert entry["distill_budgets"] == [2, 6]
+    assert {plan.jobs[c["distill"]].config["method"]["steps"] for c in entry["cells"]} == {6}
+    assert len(plan.jobs) == len(build_plan(smoke_map()).jobs)   # no extra run per budget
+    assert build_plan(smoke_map()).report_spec["studies"]["S6"]["distill_budgets"] == [4]   # the OPD method's steps
 
 
 def test_tiny_map_needs_three_levels_of_each_knob():
@@ -197,6 +210,26 @@ def test_the_map_table_has_one_row_per_cell_with_intervals():
     text = map_markdown(frame, instances[0])
     table = [line for line in text.splitlines() if line.startswith("| ") and "interference" not in line]
     assert len(table) == 4 and "+76.7%" in text and "math+code" in text
+
+
+def test_each_budget_reads_the_distillation_cut_at_its_step():
+    """Budgets 10 and 40 on the synthetic curves (evaluations every 10 steps, 50 FLOPs apart): at 40 the whole run,
+    as without budgets; at 10 the distillation's cut curve (0.2, 0.45: 0.325 smoothed) never reaches joint GRPO's
+    0.5, so each seed gives the bound 1 - (200 + 50) / 1500."""
+    instances, curves = synthetic_map()
+    whole = map_frame(instances, curves, {})
+    for inst in instances:
+        inst["distill_budgets"] = [10, 40]
+    frame = map_frame(instances, curves, {})
+    assert len(frame) == 2 * len(whole) and list(frame["distill_steps"][:2]) == [10, 40]
+    by = {(r["thinking_fraction"], r["interference"], r["distill_steps"]): r for _, r in frame.iterrows()}
+    assert by[(1.0, 0.5, 40)]["savings"] == pytest.approx(1 - 350 / 1500)
+    assert by[(1.0, 0.5, 10)]["readings"] == ", ".join(["<= 83.3%"] * 3)
+    assert by[(1.0, 0.5, 10)]["collapse"] == by[(1.0, 0.5, 40)]["collapse"]
+    text = map_markdown(frame, instances[0])
+    assert len([line for line in text.splitlines() if line.startswith("| 0.5 | 1 | 10 |")]) == 1
+    fig = map_figure(frame, instances[0])
+    assert len(fig.axes) == 6   # a savings map per budget, the collapse map, and their colour bars
 
 
 def test_one_seed_gives_values_without_intervals():

@@ -17,7 +17,14 @@ model: the base stage is shared by content); runs are named ``s6-i<level>-tf<lev
 S4/S5b's, so enabling S6 changes no other run. The report reads each cell with S4's matching rule and savings
 (:func:`~opdgrpo.studies.consolidation.matched_savings`) and S5b's collapse rule (final held-out accuracy below half
 of step 0's), with 95% t intervals over seeds (:mod:`opdgrpo.report.uncertainty`): ``S6_map.md/.csv`` (one row per
-cell) and ``S6_map.png`` (two heat maps). S6 makes no paper claim of its own.
+cell and distillation budget) and ``S6_map.png`` (a savings heat map per budget, and the collapse map). S6 makes no
+paper claim of its own.
+
+* **distill_budgets** (optional, steps): the distillation budget, the knob issue 18's probe found binding. Each
+  cell's distillation runs the largest budget once and the savings are read again with its curve cut at each smaller
+  one. That reading is what a run of that many steps records: every random draw of a run is seeded by (seed, step)
+  (:mod:`opdgrpo.batching`), the learning rate has no decay (warm-up only), and each smaller budget must be an
+  evaluation point (a multiple of ``train.eval_every``), so the cut curve ends where the shorter run's would.
 """
 
 from __future__ import annotations
@@ -68,10 +75,16 @@ class S6Entry(TypedDict):
     interference: list[float]
     thinking_fraction: list[float]
     cells: list[Cell]      # thinking_fraction-major, then interference, in the conf's order
+    distill_budgets: NotRequired[list[int]]   # distillation steps the savings are read at (the last: the run's own)
     tolerance: float
     smooth_window: NotRequired[int]
     tolerance_se: NotRequired[float]
     min_joint_gain_se: NotRequired[float]
+
+
+def _budgets(planner: Planner, s: Mapping[str, Any]) -> list[int]:
+    """The distillation steps the savings are read at; the last is the distillation run's own."""
+    return [int(b) for b in s.get("distill_budgets") or [s.get("distill_steps") or planner.cfg["methods"]["opd"]["steps"]]]
 
 
 def level_tag(level: float) -> str:
@@ -107,6 +120,9 @@ class S6(Study[S6Entry]):
             "domains": {**_NAMES, "minItems": 2, "description": "S4's part: experts, joint GRPO and their OPD"},
             "joint_steps": _STEPS,
             "distill_steps": _STEPS,
+            "distill_budgets": {"type": ["array", "null"], "minItems": 1, "items": {"type": "integer", "minimum": 1},
+                                "description": "distillation steps to read the savings at (null: distill_steps "
+                                               "only); the distillation runs the largest"},
             "mix": {"anyOf": [{"type": "null"}, {"$ref": "train.schema.yaml#/$defs/mix"}]},
             "external_domains": {**_NAMES, "description": "S5b's part: OPD from `teacher` on these domains at once"},
             "teacher": {"type": "string"},
@@ -144,6 +160,7 @@ class S6(Study[S6Entry]):
             unknown = [d for d in s[knob] if d not in cfg["domains"]]
             if unknown:
                 raise ConfigError(f"config key `{key}.{knob}` names {unknown}, not in `domains` ({sorted(cfg['domains'])})")
+        self._validate_budgets(cfg, key, s)
         stray = [d for d in s["collapse_domains"] if d not in s["external_domains"]]
         if stray:
             raise ConfigError(f"config key `{key}.collapse_domains` names {stray}, not among `{key}.external_domains`")
@@ -151,6 +168,26 @@ class S6(Study[S6Entry]):
         if max(float(x) for x in s["interference"]) > 0 and flat:
             raise ConfigError(f"config key `{key}.interference` sets levels > 0 on every domain, but {flat} have no "
                               "shared form (only the tiny synthetic kinds do)")
+
+    @staticmethod
+    def _validate_budgets(cfg: dict[str, Any], key: str, s: Mapping[str, Any]) -> None:
+        """Budgets ascending and distinct, each but the largest an evaluation point of the distillation, and not
+        together with ``distill_steps`` (which would then do nothing)."""
+        from opdgrpo.config import ConfigError
+
+        budgets = s.get("distill_budgets")
+        if budgets is None:
+            return
+        if s.get("distill_steps") is not None:
+            raise ConfigError(f"config key `{key}.distill_steps` does nothing when `{key}.distill_budgets` is set (the "
+                              "distillation runs the largest budget): set one of them")
+        if list(budgets) != sorted(set(budgets)):
+            raise ConfigError(f"config key `{key}.distill_budgets` must be distinct and ascending, got {list(budgets)}")
+        every = int(cfg["train"]["eval_every"])
+        off = [b for b in budgets[:-1] if b % every]
+        if off:
+            raise ConfigError(f"config key `{key}.distill_budgets` lists {off}, not multiples of `train.eval_every` "
+                              f"({every}): a smaller budget must be an evaluation point of the longest distillation")
 
     def plan(self, planner: Planner, s: Mapping[str, Any], seed: int) -> S6Entry:
         """Per cell (thinking fraction x interference): the cell's world, its student and teacher variants, then
@@ -167,7 +204,8 @@ class S6(Study[S6Entry]):
         return S6Entry(title=s["title"], teacher_model=teacher, domains=list(s["domains"]),
                        external_domains=list(s["external_domains"]),
                        collapse_domains=list(s["collapse_domains"]), interference=[float(x) for x in s["interference"]],
-                       thinking_fraction=[float(x) for x in s["thinking_fraction"]], cells=cells, **matching_keys(s))
+                       thinking_fraction=[float(x) for x in s["thinking_fraction"]], cells=cells,
+                       distill_budgets=_budgets(planner, s), **matching_keys(s))
 
     def _cell(self, planner: Planner, s: Mapping[str, Any], seed: int, levels: tuple[float, float], student: str,
               teacher: str) -> Cell:
@@ -185,7 +223,7 @@ class S6(Study[S6Entry]):
                             method_overrides={"steps": s.get("joint_steps")}, label=f"joint GRPO{where}",
                             train_overrides=train)
         distill = planner.run(f"{prefix}opd-experts-{mix}-s{seed}", self.name, "opd", domains, seed, base,
-                              {d: f"run:{e.id}" for d, e in zip(domains, experts)}, {"steps": s.get("distill_steps")},
+                              {d: f"run:{e.id}" for d, e in zip(domains, experts)}, {"steps": _budgets(planner, s)[-1]},
                               label=f"multi-teacher OPD{where}", train_overrides=train)
         ext = planner.run(f"{prefix}opd-{s['teacher']}-{'+'.join(external)}-s{seed}", self.name, "opd", external, seed,
                           base, {d: f"base:{teacher}" for d in external}, {"steps": s.get("external_steps")},
@@ -235,12 +273,15 @@ def _collapse(margins: Sequence[float]) -> str:
     return {HOLDS: "no", FAILS: "collapsed"}.get(interval_verdict(lo, hi, strict=False), "inconclusive")
 
 
-def _savings_cells(entry: S6Entry, index: int, curves: pd.DataFrame,
-                   final_flops: Mapping[str, float]) -> dict[str, Any]:
-    """One seed's savings result of cell ``index`` (S4's matching rule and savings)."""
+def _savings_cells(entry: S6Entry, index: int, curves: pd.DataFrame, final_flops: Mapping[str, float],
+                   budget: int | None = None) -> dict[str, Any]:
+    """One seed's savings result of cell ``index`` (S4's matching rule and savings), its distillation's curve cut
+    at ``budget`` steps (None: the whole run)."""
     from .consolidation import matched_savings
 
     cell = entry["cells"][index]
+    if budget is not None:
+        curves = curves[(curves["run"] != cell["distill"]) | (curves["step"] <= budget)]
     sub = {k: entry[k] for k in ("tolerance", "smooth_window", "tolerance_se", "min_joint_gain_se") if k in entry}  # type: ignore[literal-required]
     sub.update(domains=entry["domains"], joint=cell["joint"], distill=cell["distill"], experts=cell["experts"],
                eval_sizes=cell.get("eval_sizes"))
@@ -279,28 +320,38 @@ def _collapse_columns(instances: Sequence[S6Entry], index: int, curves: pd.DataF
     return row
 
 
+def budgets_of(entry: S6Entry) -> list[int | None]:
+    """The distillation budgets of a spec entry; [None] (the whole run) for a spec written before they existed."""
+    return list(entry.get("distill_budgets") or [None])
+
+
 def map_frame(instances: Sequence[S6Entry], curves: pd.DataFrame,
               final_flops: Mapping[str, float]) -> pd.DataFrame:
-    """One row per cell: savings over seeds (mean and 95% t interval of the seeds with a finite figure, how many
-    had one, every seed's reading, the sign by :func:`~opdgrpo.report.savings.sign_over_seeds`) and the collapse
-    columns (:func:`_collapse_columns`)."""
+    """One row per cell and distillation budget: savings over seeds (mean and 95% t interval of the seeds with a
+    finite figure, how many had one, every seed's reading, the sign by
+    :func:`~opdgrpo.report.savings.sign_over_seeds`) and the collapse columns (:func:`_collapse_columns`, the same
+    for every budget of a cell)."""
     import pandas as pd
 
     from opdgrpo.report.savings import finite_figures, format_savings, sign_over_seeds
 
+    budgets = budgets_of(instances[0])
     rows = []
     for index, cell in enumerate(instances[0]["cells"]):
-        results = [_savings_cells(inst, index, curves, final_flops) for inst in instances]
-        readings = [(r.get("savings"), r.get("savings_bound", "")) for r in results]
-        figures = finite_figures(readings)
-        shares = [float(r["distill_share"]) for r in results if r.get("distill_share") is not None]
-        rows.append({
-            "interference": cell["interference"], "thinking_fraction": cell["thinking_fraction"],
-            "seeds": len(instances), **_stats("savings", figures), "matched": f"{len(figures)}/{len(instances)}",
-            "readings": ", ".join(format_savings(v, bound) for v, bound in readings),
-            "savings_sign": sign_over_seeds(readings), **_stats("distill_share", shares),
-            **_collapse_columns(instances, index, curves),
-        })
+        collapse = _collapse_columns(instances, index, curves)
+        for budget in budgets:
+            cut = None if budget == budgets[-1] else budget
+            results = [_savings_cells(inst, index, curves, final_flops, cut) for inst in instances]
+            readings = [(r.get("savings"), r.get("savings_bound", "")) for r in results]
+            figures = finite_figures(readings)
+            shares = [float(r["distill_share"]) for r in results if r.get("distill_share") is not None]
+            rows.append({
+                "interference": cell["interference"], "thinking_fraction": cell["thinking_fraction"],
+                "distill_steps": budget, "seeds": len(instances), **_stats("savings", figures),
+                "matched": f"{len(figures)}/{len(instances)}",
+                "readings": ", ".join(format_savings(v, bound) for v, bound in readings),
+                "savings_sign": sign_over_seeds(readings), **_stats("distill_share", shares), **collapse,
+            })
     return pd.DataFrame(rows)
 
 
@@ -316,7 +367,7 @@ def _pct(mean: float, lo: float, hi: float, signed: bool = False, sep: str = " "
 
 
 def map_markdown(frame: pd.DataFrame, entry: S6Entry) -> str:
-    """S6_map.md: the map as a table, one row per cell, with how each column is read."""
+    """S6_map.md: the map as a table, one row per cell and distillation budget, with how each column is read."""
     domains = list(entry["collapse_domains"])
     seeds = int(frame["seeds"].iloc[0]) if len(frame) else 0
     lines = [
@@ -328,11 +379,12 @@ def map_markdown(frame: pd.DataFrame, entry: S6Entry) -> str:
         "seed's figure or bound says so, inconclusive otherwise. Collapse: OPD from the external teacher on "
         f"{' + '.join(entry['external_domains'])}; step 0 is the base student, a domain collapses when its final "
         f"accuracy is below {COLLAPSE_SHARE:g} x step 0's (the 95% t interval of final - {COLLAPSE_SHARE:g} x step 0 "
-        "below 0); retention = final / step 0, mean over the domains." + (" One seed: no intervals, indicative only."
-                                                                           if seeds == 1 else ""), "",
-        "| interference | thinking fraction | savings | matched | readings | sign | distill share | "
+        "below 0); retention = final / step 0, mean over the domains. Distill steps: the distillation's budget, its "
+        "curve read up to that step (the same for every budget of a cell: the collapse columns)."
+        + (" One seed: no intervals, indicative only." if seeds == 1 else ""), "",
+        "| interference | thinking fraction | distill steps | savings | matched | readings | sign | distill share | "
         + " | ".join(f"{d}: step 0 -> final" for d in domains) + " | retention | collapse |",
-        "|---|---|---|---|---|---|---|" + "---|" * len(domains) + "---|---|",
+        "|---|---|---|---|---|---|---|---|" + "---|" * len(domains) + "---|---|",
     ]
     for _, r in frame.iterrows():
         accs = [f"{_pct(r[f'{d}_base'], r[f'{d}_base_lo'], r[f'{d}_base_hi'])} -> "
@@ -340,11 +392,16 @@ def map_markdown(frame: pd.DataFrame, entry: S6Entry) -> str:
         retention = "n/a" if r["retention"] != r["retention"] else (
             f"{r['retention']:.2f}" + ("" if r["retention_lo"] == r["retention_hi"]
                                        else f" [{r['retention_lo']:.2f}, {r['retention_hi']:.2f}]"))
-        lines.append(f"| {r['interference']:g} | {r['thinking_fraction']:g} | "
+        lines.append(f"| {r['interference']:g} | {r['thinking_fraction']:g} | {_steps(r['distill_steps'])} | "
                      f"{_pct(r['savings'], r['savings_lo'], r['savings_hi'], signed=True)} | {r['matched']} | {r['readings']} | "
                      f"{r['savings_sign']} | {_pct(r['distill_share'], r['distill_share_lo'], r['distill_share_hi'])} | "
                      + " | ".join(accs) + f" | {retention} | {r['collapse']} |")
     return "\n".join(lines + [""])
+
+
+def _steps(budget: Any) -> str:
+    """A budget cell: its steps, or "all" for a spec without budgets (the whole run)."""
+    return "all" if budget is None or budget != budget else f"{int(budget)}"
 
 
 def _grid(frame: pd.DataFrame, column: str, xs: Sequence[float], ys: Sequence[float]) -> list[list[Any]]:
@@ -384,24 +441,22 @@ def _sign_edges(ax: Any, signs: list[list[str]]) -> None:
 
 
 def map_figure(frame: pd.DataFrame, entry: S6Entry) -> Figure:
-    """Two heat maps over the grid: savings (sign flips outlined) and retention of the external-teacher OPD
-    (collapsed cells boxed in red, inconclusive ones dashed), each cell annotated with its value and interval."""
+    """Heat maps over the grid: savings at each distillation budget (sign flips outlined) and retention of the
+    external-teacher OPD (collapsed cells boxed in red, inconclusive ones dashed), each cell annotated with its value
+    and interval."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
     xs, ys = list(entry["interference"]), sorted(entry["thinking_fraction"], reverse=True)
-    fig = Figure(figsize=(6.2 * 2, 1.35 * len(ys) + 2.6), layout="constrained")
+    budgets = budgets_of(entry)
+    fig = Figure(figsize=(6.2 * (len(budgets) + 1), 1.35 * len(ys) + 2.6), layout="constrained")
     FigureCanvasAgg(fig)
-    left, right = fig.subplots(1, 2)
-    marks = {"positive": "+", "negative": "-", "inconclusive": "?"}
-    sav_labels = [[_pct(r["savings"], r["savings_lo"], r["savings_hi"], True, sep="\n").replace("n/a", r["readings"])
-                   + f"\n{marks[r['savings_sign']]} ({r['matched']} figures)" for r in row] for row in _rows(frame, xs, ys)]
-    image = _heatmap(left, _percent(_grid(frame, "savings", xs, ys)), sav_labels, xs, ys, "RdBu", (-100, 100))
-    fig.colorbar(image, ax=left, label="savings vs joint GRPO (%)")
-    _sign_edges(left, _grid(frame, "savings_sign", xs, ys))
-    left.set_title(f"S4 savings, {' + '.join(entry['domains'])}\n(+/-: sign by 95% interval; thick line: sign flips)",
-                   fontsize=10)
+    *lefts, right = fig.subplots(1, len(budgets) + 1)
+    for left, budget in zip(lefts, budgets):
+        at = frame[frame["distill_steps"].isna()] if budget is None else frame[frame["distill_steps"] == budget]
+        _savings_map(fig, left, at, entry, budget, xs, ys)
+    frame = frame.drop_duplicates(["interference", "thinking_fraction"])   # collapse: the same at every budget
     ret_labels = [[_retention_label(r, entry["collapse_domains"]) for r in row] for row in _rows(frame, xs, ys)]
     image = _heatmap(right, _grid(frame, "retention", xs, ys), ret_labels, xs, ys, "viridis", (0.0, 1.5))
     fig.colorbar(image, ax=right, label="retention: final / step-0 accuracy")
@@ -416,6 +471,20 @@ def map_figure(frame: pd.DataFrame, entry: S6Entry) -> Figure:
                     fontsize=10)
     fig.suptitle(f"S6: {entry.get('title', 'sensitivity map')}", fontsize=12)
     return fig
+
+
+def _savings_map(fig: Figure, ax: Any, frame: pd.DataFrame, entry: S6Entry, budget: int | None,
+                 xs: Sequence[float], ys: Sequence[float]) -> None:
+    """One savings heat map (the rows of one distillation budget), sign flips outlined."""
+    marks = {"positive": "+", "negative": "-", "inconclusive": "?"}
+    labels = [[_pct(r["savings"], r["savings_lo"], r["savings_hi"], True, sep="\n").replace("n/a", r["readings"])
+               + f"\n{marks[r['savings_sign']]} ({r['matched']} figures)" for r in row] for row in _rows(frame, xs, ys)]
+    image = _heatmap(ax, _percent(_grid(frame, "savings", xs, ys)), labels, xs, ys, "RdBu", (-100, 100))
+    fig.colorbar(image, ax=ax, label="savings vs joint GRPO (%)")
+    _sign_edges(ax, _grid(frame, "savings_sign", xs, ys))
+    steps = "" if budget is None else f", distillation {budget} steps"
+    ax.set_title(f"S4 savings, {' + '.join(entry['domains'])}{steps}\n(+/-: sign by 95% interval; thick line: sign "
+                 "flips)", fontsize=10)
 
 
 def _rows(frame: pd.DataFrame, xs: Sequence[float], ys: Sequence[float]) -> list[list[Any]]:
