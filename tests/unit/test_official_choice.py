@@ -24,6 +24,7 @@ DEPARTURES = {
     "a word, not an option": "the pronoun I or the article A is not read as an option letter",
     "several options": "a letter listed with another (B or C; A, B and D) is a hedge, not an answer",
     "negated": "'not B' does not choose B",
+    "a unit, not an option": "a capital right after a number is a unit or symbol (2 A, 41,800 J), not an option",
     "no stated answer": "a letter that neither is stated as the answer nor ends the text is not read",
 }
 
@@ -79,6 +80,13 @@ CASES = [
     departs("I'm not sure.", 10, "I", None, "a word, not an option"),
     departs("A cell divides in two.", 4, "A", None, "a word, not an option"),
     departs("It is either B or C.", 4, "C", None, "several options"),
+    # issue 26: the Oxford comma joins a list too (found in published MMLU-Pro responses; a policy listing every
+    # option would be paid for the last one)
+    departs("The answer is (A), (F), and (G).", 10, "A", None, "several options"),
+    departs("It is either B, C, or D.", 4, "D", None, "several options"),
+    departs("The current through the resistor is 2 A", 4, "A", None, "a unit, not an option"),
+    departs("G. 41,800 J", 10, "J", None, "a unit, not an option"),
+    agree("so the charge is 2 (C)", 4, "C"),
     departs("It's not B.", 4, "B", None, "negated"),
     departs("Both B and D look plausible, but D fits the data.", 4, "D", None, "no stated answer"),
     departs("D. Because the others fail.", 4, "D", None, "no stated answer"),
@@ -105,6 +113,7 @@ def test_common_phrasings_score(completion, gold):
     "It is either B or C.", "B or C.", "The answer is B or C.", "Answer: A, B and D", "I think it's B or C.",
     "A is correct. Actually, C is correct.", "Option B is the answer, or maybe option D.", "It's not B.",
     "Option C is not the answer.", "C is incorrect.", "It's not A, and not B.",
+    "The answer is (A), (B), and (C).", "It is either A, B, or D.", "Answer: A, C, and/or D",
 ])
 def test_hedges_score_nothing(completion):
     """A response naming several options, or only rejecting one, pays for no letter."""

@@ -88,6 +88,20 @@ CASES = [
 ]
 
 
+# -- mixed numbers (issue 26): math-verify's newer releases read "4 4/9" as 40/9; the installed 0.9.0 reads it as 4
+# (and "2 1/2" as 1, "12 3/4" as 3), so :func:`opdgrpo.verifiers.math.improper_fractions` rewrites them first.
+CASES += [
+    case("4", "The answer is 4 4/9.", False),   # 0.9.0 unguarded: True, a fraction appended to the right integer pays
+    case("40/9", "The answer is 4 4/9.", True),
+    case("\\frac{40}{9}", "The answer is 4 4/9.", True),
+    case("5/2", "so 2 1/2", True),
+    case("2", "so 2 1/2", False),
+    case("-5/2", "x = -2 1/2", True),
+    case("51/4", "It takes 12 3/4 hours.", True),
+    case("1", "on 1/2/3", False),                # a date-like run of slashes is no mixed number: left as written
+]
+
+
 @pytest.mark.parametrize("gold,completion,official,ours", CASES)
 def test_against_math_verify(gold, completion, official, ours):
     assert verify_one(gold, completion, timeout_s=5) is ours

@@ -18,9 +18,13 @@ holds each departure against MMLU-Pro's own reading):
   cues naming different letters are no answer. MMLU-Pro's last resort instead takes the last lone capital
   anywhere in the text, which also reads the pronoun "I" and the article "A" as answers and turns a list of
   candidates into its last member; we read a letter only where it is stated as the answer or ends the text.
-* Hedges are not answers: a letter listed with another (``B or C``, ``A, B and D``, ``B/C``) counts nowhere, in
-  statements and cues alike, and a final letter after "not" (``It's not B.``) is not chosen. MMLU-Pro would read
-  B, A and B there.
+* Hedges are not answers: a letter listed with another (``B or C``, ``A, B and D``, ``B/C``, and with the Oxford
+  comma ``(A), (F), and (G)``, ``B, C, or D``) counts nowhere, in statements and cues alike, and a final letter after
+  "not" (``It's not B.``) is not chosen. MMLU-Pro would read B, A and B there. Under RL a reader that took the last
+  of a list would pay a policy for listing every option.
+* A final capital right after a number is a unit or a symbol, not a choice: ``... is 2 A`` (amperes) and
+  ``G. 41,800 J`` (joules) read no final letter (the second is no answer: its "G." starts the text, it is not a
+  statement). A letter in parentheses after a number, ``2 (A)``, still reads.
 * Letters are those of the first ``n_options`` options (A-D for four options). A letter outside that range is
   not an option of this question and is ignored, as if it were not there.
 * Case: a lowercase letter counts only when it is delimited, ``(b)`` or ``\\boxed{b}``; a bare lowercase
@@ -66,13 +70,16 @@ _CUE_BEFORE = re.compile(
 # The last token of the text: a letter preceded by a non-alphanumeric (or the start), followed only by
 # closing punctuation and markdown.
 _FINAL = re.compile(r"(?:^|(?<=[^A-Za-z0-9]))" + _LETTER + r"[\s.)\]*_:!]*\Z")
-# A letter in a list of letters: joined to another by a comma, slash, "&", "or" or "and".
-_JOIN = r"\s*(?:[,/&]|(?i:\b(?:and/or|or|and)\b))\s*(?:(?i:option|choice)\s+)?"
+# A letter in a list of letters: joined to another by a comma, slash, "&", "or" or "and", or by a comma and then
+# "and"/"or" (the Oxford comma: "(A), (F), and (G)", "either B, C, or D").
+_JOIN = r"\s*(?:,\s*(?i:\b(?:and/or|or|and)\b)|[,/&]|(?i:\b(?:and/or|or|and)\b))\s*(?:(?i:option|choice)\s+)?"
 _OTHER_AFTER = re.compile(
     _JOIN + r"(?:\(\s*[A-Za-z]\s*\)|[A-Z](?![A-Za-z0-9']))"
     + r"(?=\s*(?:\Z|[.,;:!?)\]}*_\"'/&]|(?i:\b(?:or|and|because|since|as|both)\b)))")
 _OTHER_BEFORE = re.compile(r"(?:\(\s*[A-Za-z]\s*\)|(?<![A-Za-z0-9'])[A-Z])" + _JOIN + r"\Z")
 _NEGATED = re.compile(r"(?i:\bnot)\s+(?:(?i:option|choice)\s+)?\Z")
+# A number just before a final capital: the capital is a unit or a symbol ("2 A", "41,800 J"), not a choice.
+_QUANTITY = re.compile(r"\d[\d,.]*\s*\Z")
 
 
 def _letter(match: re.Match) -> str:
@@ -107,7 +114,9 @@ def extract_letter(completion: str, n_options: int) -> str | None:
             if not _listed(text, m)}
     stripped = text.rstrip()
     final = _FINAL.search(stripped)
-    if final and not _listed(stripped, final) and not _NEGATED.search(stripped[: final.start("L")]):
+    before = stripped[: final.start("L")] if final else ""
+    if final and not _listed(stripped, final) and not _NEGATED.search(before) and not (
+            final.group("b") and _QUANTITY.search(before)):
         cues.add(_letter(final))
     cues &= set(valid)
     return cues.pop() if len(cues) == 1 else None

@@ -13,6 +13,10 @@ of golds and the thinking-block rule are ours:
   delimiters is read (``$``, ``5`` and ``$`` on three lines score against ``5``), where math-verify's own
   LaTeX-only regression tests find nothing; every other case of tests/unit/test_official_math.py gets
   math-verify's verdict;
+- mixed numbers in plain text (``4 4/9``, ``-2 1/2``) are rewritten as improper fractions (``40/9``) before parsing:
+  math-verify 0.9.0 reads ``The answer is 4 4/9.`` as 4 (scoring 1 against gold 4), ``2 1/2`` as 1 and ``12 3/4``
+  as 3, which its newer releases' own mixed-number tests reject. Under RL that would pay a policy for appending a
+  fraction to the right integer (issue 26; tests/unit/test_official_math.py pins the cases);
 - math-verify bounds each parse and comparison with ``signal.alarm``, which only works in a process's main thread.
   :class:`MathVerifier` therefore scores in worker processes, or with ``workers: 0`` in the caller's main thread.
 
@@ -30,6 +34,7 @@ import json
 import logging
 import math
 import os
+import re
 import selectors
 import subprocess
 import sys
@@ -57,7 +62,7 @@ def parse_gold(gold: str, timeout_s: float = 5.0) -> list:
     """The gold answer as math-verify objects; empty when math-verify cannot read it."""
     from math_verify import parse
 
-    text = str(gold).strip()
+    text = improper_fractions(str(gold).strip())
     if not text:
         return []
     alarm = _alarm_seconds(timeout_s)
@@ -66,12 +71,26 @@ def parse_gold(gold: str, timeout_s: float = 5.0) -> list:
     return parse(f"${text}$", parsing_timeout=alarm) or parse(text, parsing_timeout=alarm)
 
 
+#: A mixed number in plain text: a whole part, spaces, a fraction, standing alone (not part of a date, a ratio or a
+#: longer number: ``1/2/3``, ``3.5 1/2`` and ``2 1/2/3`` are left as written).
+_MIXED = re.compile(r"(?<![\d/.])(-?)(\d+)[ \t]+(\d+)/(\d+)(?![\d/.]\d)")
+
+
+def improper_fractions(text: str) -> str:
+    """``4 4/9`` -> ``40/9``, ``-2 1/2`` -> ``-5/2``: the value a reader gives a mixed number, which math-verify 0.9.0
+    does not (it reads ``4 4/9`` as 4)."""
+    def whole(m: re.Match) -> str:
+        sign, w, n, d = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
+        return f"{sign}{w * d + n}/{d}" if d else m.group(0)
+    return _MIXED.sub(whole, text)
+
+
 def answer_text(completion: str) -> str | None:
     """The part of a completion that holds its answer; None when the model never finished thinking."""
     cut = completion.rfind("</think>")
     if cut < 0 and THINK_START in completion:
         return None
-    return final_answer_text(completion)
+    return improper_fractions(final_answer_text(completion))
 
 
 def verify_parsed(gold_parsed: list, completion: str, timeout_s: float = 5.0) -> bool:
