@@ -85,6 +85,22 @@ def test_code_heldout_disjoint(code_domain):
     assert held and not train & held
 
 
+def test_code_rl_share_is_never_pretrained(cfg):
+    """``rl_fraction``: RL's training pool is its own hashed share, disjoint from held-out and from every function
+    pretraining shows; without it RL trains on the pretraining functions (the default)."""
+    domain = build_domain(dict(cfg["domains"]["code"], rl_fraction=0.25))
+    train = {t.meta["expression"] for t in domain.training_pool()}
+    held = {t.meta["expression"] for tasks in domain.heldout_sets().values() for t in tasks}
+    rng = random.Random(0)
+    pretrained = {domain.pretraining_task(rng).meta["expression"] for _ in range(3000)}
+    assert train and held and pretrained
+    assert not train & held and not train & pretrained and not held & pretrained
+    default = build_domain(cfg["domains"]["code"])
+    assert {t.meta["expression"] for t in default.training_pool()} >= pretrained
+    with pytest.raises(ValueError, match=r"domains\.code\.rl_fraction"):
+        build_domain(dict(cfg["domains"]["code"], rl_fraction=0.75))
+
+
 def test_unknown_domain_kind_names_it(cfg):
     with pytest.raises(ValueError, match="unknown kind 'poetry'"):
         build_domain(dict(cfg["domains"]["math"], kind="poetry"))

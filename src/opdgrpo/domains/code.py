@@ -6,6 +6,11 @@ against hidden inputs it never saw, so a memorised table of the visible values f
 writes `` return x*4+3``; a thinking teacher writes code that works it out (``b=3``, ``a=7-b``,
 ``return x*a+b`` on separate lines). Reward: all hidden tests pass
 (``reward: all``, as pass@1) or the fraction passed (``reward: fraction``).
+
+Three disjoint shares of the functions, by a hash of each: ``heldout_fraction`` for the held-out set;
+``rl_fraction`` (0 by default) for RL's training pool, never shown in pretraining; the rest for pretraining, and, when
+``rl_fraction`` is 0, for RL too. With an RL share, RL prompts are as new to the base model as held-out ones, so a
+gain on them is a skill that can carry to held-out functions, not recall of functions pretraining showed.
 """
 
 from __future__ import annotations
@@ -42,8 +47,8 @@ class CodeDomain:
         self.sandbox = dict(cfg["sandbox"])
         self._space = self._instance_space()
 
-    def _instance_space(self) -> list[tuple[str, bool]]:
-        """Every distinct function (expression, reserved-for-held-out), in a fixed order."""
+    def _instance_space(self) -> list[tuple[str, str]]:
+        """Every distinct function (expression, share: ``heldout``, ``rl`` or ``pretrain``), in a fixed order."""
         a_lo, a_hi = self.cfg["a_range"]
         b_lo, b_hi = self.cfg["b_range"]
         seen: dict[tuple, str] = {}
@@ -53,8 +58,16 @@ class CodeDomain:
                     expr = family.format(a=a, b=b)
                     signature = tuple(eval(expr, {}, {"x": x}) for x in self.visible_x + self.hidden_x)  # noqa: S307 - our own templates
                     seen.setdefault(signature, expr)
-        fraction = float(self.cfg["heldout_fraction"])
-        return [(expr, stable_fraction(expr, salt=self.name) < fraction) for expr in sorted(seen.values())]
+        heldout, rl = float(self.cfg["heldout_fraction"]), float(self.cfg.get("rl_fraction") or 0.0)
+        if rl < 0 or heldout + rl >= 1:
+            raise ValueError(f"domain {self.name}: heldout_fraction + rl_fraction must leave a share for pretraining "
+                             f"(got {heldout} + {rl}; config keys `domains.{self.name}.heldout_fraction`, "
+                             f"`domains.{self.name}.rl_fraction`)")
+
+        def share(expr: str) -> str:
+            h = stable_fraction(expr, salt=self.name)
+            return "heldout" if h < heldout else "rl" if h < heldout + rl else "pretrain"
+        return [(expr, share(expr)) for expr in sorted(seen.values())]
 
     def _task(self, expr: str) -> Task:
         values = {x: eval(expr, {}, {"x": x}) for x in self.visible_x + self.hidden_x}  # noqa: S307
@@ -62,12 +75,12 @@ class CodeDomain:
         tests = tuple(((x,), values[x]) for x in self.hidden_x)
         return self.shared.apply(Task(self.name, f"{self.prefix}{shown}\n", tests, {"expression": expr, "values": values}))
 
-    def _pool(self, reserved: bool, size: int | None, seed: str) -> list[Task]:
-        exprs = [e for e, r in self._space if r == reserved]
+    def _pool(self, part: str, size: int | None, seed: str) -> list[Task]:
+        exprs = [e for e, r in self._space if r == part]
         if size is not None:
             if size > len(exprs):
                 raise ValueError(
-                    f"domain {self.name}: asked for {size} {'held-out' if reserved else 'training'} functions but "
+                    f"domain {self.name}: asked for {size} {'held-out' if part == 'heldout' else 'training'} functions but "
                     f"only {len(exprs)} exist; widen a_range/b_range/families or lower the size"
                 )
             exprs = random.Random(seed).sample(exprs, size)
@@ -75,18 +88,19 @@ class CodeDomain:
 
     # -- the Domain interface -----------------------------------------------------------------
     def training_pool(self) -> list[Task]:
-        return self._pool(False, self.cfg["train"].get("size"), f"{self.name}-train")
+        part = "rl" if float(self.cfg.get("rl_fraction") or 0.0) > 0 else "pretrain"
+        return self._pool(part, self.cfg["train"].get("size"), f"{self.name}-train")
 
     def heldout_sets(self) -> dict[str, list[Task]]:
         return {
-            name: self._pool(True, spec.get("size"), f"{self.name}-heldout-{name}")
+            name: self._pool("heldout", spec.get("size"), f"{self.name}-heldout-{name}")
             for name, spec in self.cfg["heldout"].items()
         }
 
     def pretraining_task(self, rng: random.Random) -> Task:
         while True:
-            expr, reserved = rng.choice(self._space)
-            if not reserved:
+            expr, part = rng.choice(self._space)
+            if part == "pretrain":
                 return self.shared.for_pretraining(self._task(expr), rng)
 
     def demonstration(self, task: Task, style: str) -> str:
