@@ -46,6 +46,7 @@ class CodeDomain:
         if self.reward not in ("all", "fraction"):
             raise ValueError(f"domain {self.name}: reward must be 'all' or 'fraction', got {self.reward!r}")
         self.sandbox = dict(cfg["sandbox"])
+        self.rl_fraction = float(cfg.get("rl_fraction") or 0.0)
         self._space = self._instance_space()
 
     def _instance_space(self) -> list[tuple[str, str]]:
@@ -59,7 +60,7 @@ class CodeDomain:
                     expr = family.format(a=a, b=b)
                     signature = tuple(eval(expr, {}, {"x": x}) for x in self.visible_x + self.hidden_x)  # noqa: S307 - our own templates
                     seen.setdefault(signature, expr)
-        heldout, rl = float(self.cfg["heldout_fraction"]), float(self.cfg.get("rl_fraction") or 0.0)
+        heldout, rl = float(self.cfg["heldout_fraction"]), self.rl_fraction
         if rl < 0 or heldout + rl >= 1:
             raise ValueError(f"domain {self.name}: heldout_fraction + rl_fraction must leave a share for pretraining "
                              f"(got {heldout} + {rl}; config keys `domains.{self.name}.heldout_fraction`, "
@@ -89,7 +90,7 @@ class CodeDomain:
 
     # -- the Domain interface -----------------------------------------------------------------
     def training_pool(self) -> list[Task]:
-        part = "rl" if float(self.cfg.get("rl_fraction") or 0.0) > 0 else "pretrain"
+        part = "rl" if self.rl_fraction > 0 else "pretrain"
         return self._pool(part, self.cfg["train"].get("size"), f"{self.name}-train")
 
     def heldout_sets(self) -> dict[str, list[Task]]:
