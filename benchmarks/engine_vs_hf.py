@@ -106,7 +106,8 @@ def main() -> None:
     model = load_model(checkpoint, dtype=dtype, trainable=False, attn_implementation=attention).eval().to(args.device)
 
     start = time.perf_counter()
-    vllm = build_engine("vllm", model, tokenizer, scratch=scratch / "engine", settings={}, seed=0)
+    max_len = max(len(p) for p in prompts) + args.max_new_tokens
+    vllm = build_engine("vllm", model, tokenizer, scratch=scratch / "engine", settings={}, max_len=max_len, seed=0)
     startup = time.perf_counter() - start
     start = time.perf_counter()
     vllm.sync(model, version="bench")

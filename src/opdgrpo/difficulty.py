@@ -29,7 +29,7 @@ import torch
 
 from . import numerics
 from .domains import Domain, Task, build_domain
-from .engines import checkpoint_engine
+from .engines import checkpoint_engine, longest_row
 from .evaluation import batch_bounds
 from .models import autocast, load_model
 from .precision import resolve as resolve_precision
@@ -100,15 +100,17 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         model = load_model(cfg[role]["path"], dtype=dtype, trainable=False,
                            attn_implementation=str(cfg[role].get("attn_implementation") or "eager")).to("cpu" if engine_on else device)
         batches = -(-len(tasks) * int(rule["k"]) // int(rule["batch_size"]))
-        with autocast(resolve_precision(str(rule.get("precision", "fp32")), device), device.type):
+        max_new_tokens = int(sampling.get("max_new_tokens", cfg["max_new_tokens"]))
+        max_len = longest_row(tokenizer, tasks, fmt, max_new_tokens) if engine_on else 0
+        with autocast(resolve_precision(str(rule.get("precision", "fp32")), device), device.type), \
+                checkpoint_engine(cfg, cfg[role]["path"], model, max_len) as engine:   # one engine at a time
             rates[role], flops[role] = solve_rates(
                 model, tokenizer, domain, tasks, k=int(rule["k"]),
                 temperature=float(sampling.get("temperature", rule["temperature"])),
                 top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)), fmt=fmt,
-                max_new_tokens=int(sampling.get("max_new_tokens", cfg["max_new_tokens"])),
+                max_new_tokens=max_new_tokens,
                 batch_size=int(rule["batch_size"]), seed=int(cfg["seed"]), max_batch_tokens=rule.get("max_batch_tokens"),
-                progress=Progress(f"difficulty-{domain_name} {role}", batches),
-                engine=checkpoint_engine(cfg, cfg[role]["path"], model))
+                progress=Progress(f"difficulty-{domain_name} {role}", batches), engine=engine)
         del model
     bins = bin_by_rates([t.prompt for t in tasks], rates["student"], rates["teacher"],
                         int(rule["student_bins"]), int(rule["teacher_bins"]))

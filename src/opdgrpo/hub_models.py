@@ -70,7 +70,7 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """The base job of a ``source: hub`` model: resolve, link, evaluate held-out accuracy (not counted)."""
     from . import numerics
     from .domains import build_domain
-    from .engines import checkpoint_engine
+    from .engines import checkpoint_engine, longest_row
     from .evaluation import evaluate, heldout_for
     from .models import autocast, load_model, parameter_count
     from .precision import resolve as resolve_precision
@@ -99,16 +99,18 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     results, eval_flops = [], 0.0
     if ev.get("max_prompts") != 0:
         heldout = heldout_for(domains, sorted(domains), ev.get("max_prompts"))
+        max_new_tokens = int(sampling.get("max_new_tokens", ev.get("max_new_tokens", 48)))
+        tasks = [t for sets in heldout.values() for s in sets.values() for t in s]
+        max_len = longest_row(tokenizer, tasks, fmt, max_new_tokens) if cfg.get("engine") == "vllm" else 0
         with autocast(resolve_precision(str(cfg["pretrain"].get("precision", "fp32")), device, "pretrain.precision"),
-                      device.type):
+                      device.type), checkpoint_engine(cfg, checkpoint, model, max_len) as engine:
             results, eval_flops = evaluate(model, tokenizer, domains, heldout, k=int(ev["k"]),
                                            temperature=float(sampling.get("temperature", ev["temperature"])),
                                            top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)),
-                                           max_new_tokens=int(sampling.get("max_new_tokens", ev.get("max_new_tokens", 48))),
+                                           max_new_tokens=max_new_tokens,
                                            batch_size=int(ev.get("batch_size", 64)), seed=int(cfg["seed"]), fmt=fmt,
                                            max_batch_tokens=ev.get("max_batch_tokens"),
-                                           budget_key="pretrain.eval.max_batch_tokens",
-                                           engine=checkpoint_engine(cfg, checkpoint, model))
+                                           budget_key="pretrain.eval.max_batch_tokens", engine=engine)
     rewrite_jsonl(out_dir / "evals.jsonl", [{"step": 0, "cumulative_flops": 0.0, "eval_flops": eval_flops, "results": results}])
     summary = {"model": name, "source": "hub", "path": str(model_cfg["path"]), "revision": model_cfg.get("revision"),
                "resolved": str(target), "parameters": parameter_count(model), "steps": 0, "counted": False,

@@ -20,12 +20,13 @@ import torch
 from . import flops as flop_formulas
 from . import numerics
 from .domains import build_domain
-from .engines import checkpoint_engine
+from .engines import checkpoint_engine, longest_row
 from .evaluation import evaluate, heldout_for
 from .models import autocast, build_model, parameter_count
 from .peak import run_peak
 from .precision import resolve as resolve_precision
 from .progress import Progress, clock
+from .rollout import PromptFormat
 from .runio import append_jsonl, rewrite_jsonl, write_json, write_yaml
 from .tokenizer import load_tokenizer
 
@@ -119,14 +120,15 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     heldout = heldout_for(domains, sorted(domains), eval_cfg.get("max_prompts"))
     model.save_pretrained(out_dir / "checkpoint")   # before the evaluation: a vLLM engine samples from it
     tokenizer.save_pretrained(out_dir / "checkpoint")
-    with autocast(precision):
+    max_new_tokens = int((model_cfg.get("sampling") or {}).get("max_new_tokens", 48))
+    tasks = [t for sets in heldout.values() for s in sets.values() for t in s]
+    max_len = longest_row(tokenizer, tasks, PromptFormat(), max_new_tokens) if cfg.get("engine") == "vllm" else 0
+    with autocast(precision), checkpoint_engine(cfg, out_dir / "checkpoint", model, max_len) as engine:
         results, eval_flops = evaluate(model, tokenizer, domains, heldout, k=int(eval_cfg["k"]),
-                                       temperature=float(eval_cfg["temperature"]),
-                                       max_new_tokens=int((model_cfg.get("sampling") or {}).get("max_new_tokens", 48)),
+                                       temperature=float(eval_cfg["temperature"]), max_new_tokens=max_new_tokens,
                                        batch_size=int(eval_cfg.get("batch_size", 512)), seed=int(cfg["seed"]),
                                        max_batch_tokens=eval_cfg.get("max_batch_tokens"),
-                                       budget_key="pretrain.eval.max_batch_tokens",
-                                       engine=checkpoint_engine(cfg, out_dir / "checkpoint", model))
+                                       budget_key="pretrain.eval.max_batch_tokens", engine=engine)
     rewrite_jsonl(out_dir / "evals.jsonl", [{"step": steps, "cumulative_flops": 0.0, "eval_flops": eval_flops, "results": results}])
     summary = {
         "model": cfg["name"], "thinking_fraction": thinking, "steps": steps, "parameters": parameter_count(model),

@@ -161,6 +161,7 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     from .guards import check_run_inputs, run_dir_lock
 
     check_run_inputs(cfg)
+    expandable_segments()
     workers = Workers.from_config(cfg["train"])
     try:
         # The main process owns the run directory; the others only read checkpoints it wrote.
@@ -177,6 +178,17 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
                 _close_engine(run)
     finally:
         workers.close()
+
+
+def expandable_segments() -> bool:
+    """On GPUs, PyTorch's allocator grows segments in place (``expandable_segments:True``) unless the user set
+    ``PYTORCH_CUDA_ALLOC_CONF``: a training step's tensors change size from step to step (rollout lengths), and fixed
+    segments fragment into reserved memory that no tensor uses. vLLM's sleep-mode pool switches it off around its own
+    allocations. Must run before CUDA's first allocation; True when it set the variable."""
+    if not torch.cuda.is_available() or "PYTORCH_CUDA_ALLOC_CONF" in os.environ or torch.cuda.is_initialized():
+        return False
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    return True
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -505,6 +517,9 @@ def _finish(run: Run, final: dict[str, Any], started: float) -> dict[str, Any]:
                "cumulative_flops": run.cumulative, "final_eval": final["results"], "parameters": parameter_count(run.student),
                "processes": run.workers.world, "wall_s": round(time.time() - started, 1), "counted": True,
                "numerics": numerics.report()}   # the machine's fingerprint and which exact fast paths ran
+    placement = getattr(run.engine, "placement", None)
+    if placement is not None:   # where each rank's vLLM engine ran, as vLLM reports it (a collective: every rank)
+        summary["engines"] = run.workers.gather(placement)
     if run.main:
         totals: dict[str, float] = {}
         ledger = read_jsonl(run.ledger)
@@ -592,24 +607,31 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
 
 def _engine(run: Run):
     """``train.engine``: None for ``hf`` (the sampler runs on the policy itself); for ``vllm`` an engine in this
-    process, started from the policy as it is now (the initial student, or the checkpoint resumed), saved to the
-    run directory's ``.engine/`` scratch folder, which :func:`_close_engine` removes when the job ends."""
+    process on the policy's weights as they are now (the initial student, or the checkpoint resumed), sized for the
+    job's longest row (its longest training or held-out prompt + ``max_new_tokens``); its config and tokenizer go to
+    the run directory's ``.engine/`` scratch folder, which :func:`_close_engine` removes when the job ends."""
     name = str(run.cfg["train"].get("engine", "hf"))
     if name == "hf":
         return None
-    from .engines import build_engine
+    from .engines import build_engine, longest_row
 
+    tasks = [t for pool in run.pools.values() for t in pool]
+    tasks += [t for sets in run.heldout.values() for s in sets.values() for t in s]
+    max_len = longest_row(run.tokenizer, tasks, run.fmt, int(run.cfg["train"]["max_new_tokens"]))
     scratch = run.run_dir / ".engine" / f"rank{run.workers.rank}"
     with run.workers.full_params(run.model) as policy:
         return build_engine(name, policy, run.tokenizer, scratch=scratch, settings=run.cfg["train"].get("vllm") or {},
-                            seed=int(run.cfg["seed"]))
+                            max_len=max_len, seed=int(run.cfg["seed"]))
 
 
 def _close_engine(run: Run) -> None:
-    """Drop the engine and its scratch copy of the model (no file of it outlives the job)."""
+    """Shut the engine down and drop its scratch folder (no file of it outlives the job). Last in the job: vLLM's
+    teardown ends the process group it shares with the trainer."""
     import shutil
 
-    run.engine = None
+    engine, run.engine = run.engine, None
+    if engine is not None:
+        engine.close()
     shutil.rmtree(run.run_dir / ".engine", ignore_errors=True)
 
 

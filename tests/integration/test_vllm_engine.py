@@ -47,7 +47,8 @@ Z_BOUND = 5.0
 @pytest.fixture(scope="module")
 def engine_world(smoke_world, tmp_path_factory):
     """The smoke student (float32), its tokenizer, math prompts, and one vLLM engine on a copy of it."""
-    from opdgrpo.engines import build_engine
+    from opdgrpo.engines import build_engine, longest_row
+    from opdgrpo.rollout import PromptFormat
 
     cfg, plan = smoke_world
     student = Path(plan.jobs["base-student"].out_dir) / "checkpoint"
@@ -55,9 +56,12 @@ def engine_world(smoke_world, tmp_path_factory):
     model = load_model(student, trainable=False).eval()
     tasks = build_domain(cfg["domains"]["math"]).heldout_sets()["amc"][:16]
     prompts = encode_prompts(tokenizer, tasks)
-    engine = build_engine("vllm", model, tokenizer, scratch=tmp_path_factory.mktemp("engine"), settings={}, seed=0)
+    sets = build_domain(cfg["domains"]["math"]).heldout_sets()
+    max_len = longest_row(tokenizer, [t for s in sets.values() for t in s], PromptFormat(), 16)   # the tests' longest
+    engine = build_engine("vllm", model, tokenizer, scratch=tmp_path_factory.mktemp("engine"), settings={},
+                          max_len=max_len, seed=0)
     yield model, tokenizer, prompts, engine
-    del engine
+    engine.close()
 
 
 def _kwargs(tokenizer, max_new_tokens: int) -> dict:
@@ -345,3 +349,58 @@ def test_vllm_grpo_raises_the_heldout_score_as_hf_does(smoke_world, tmp_path, mo
     for line in read_jsonl(tmp_path / "vllm" / "ledger.jsonl"):   # every step sampled the policy just synced
         assert line["metrics"]["engine_logprob_diff_max"] < RUN_LOGPROB_BOUND, line["step"]
     assert abs(scores["vllm"] - scores["hf"]) <= AGREE_SES * _se(scores["hf"], scores["vllm"], n), scores
+
+
+# -- several processes: each rank its own engine, where vLLM itself says it put it -----------------------------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_vllm_under_torchrun_each_rank_its_own_engine(smoke_world, tmp_path):
+    """A GRPO run on 2 CPU processes under torchrun (FSDP2 over gloo), sampling with vLLM: each rank starts its own
+    engine with ``external_launcher``, and vLLM reports local ranks 0 and 1 (the CUDA device each would take on a
+    GPU node; the default executor gives every rank local rank 0, i.e. cuda:0), a world of 2 shared with the
+    trainer, and ``max_model_len`` the job's longest row, not the model's context. The steps equal one process's
+    with the same shards (each shard's rows are seeded by (seed, step, shard), whatever process samples them).
+    What CPU cannot show: the CUDA device itself, sleep and wake (CUDA only), NCCL."""
+    from opdgrpo.engines import longest_row
+    from opdgrpo.evaluation import heldout_for
+    from opdgrpo.rollout import PromptFormat
+
+    _, plan = smoke_world
+    cfg = copy.deepcopy(plan.jobs["grpo-student-math-s0"].config)
+    cfg["train"] = dict(cfg["train"], engine="vllm", distributed="fsdp", micro_batches=2, eval_every=2,
+                        checkpoint_every=100)
+    cfg["method"] = dict(cfg["method"], steps=2)
+    one, two = tmp_path / "one", tmp_path / "two"
+    single = _run(cfg, one)
+    assert single.returncode == 0, single.stderr[-3000:]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           "-m", "opdgrpo.cli", "train", "--out", str(two), "--config-json", json.dumps(cfg)]
+    double = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert double.returncode == 0, double.stderr[-3000:]
+
+    engines = json.loads((two / "done.json").read_text())["engines"]
+    assert [(e["rank"], e["backend"], e["local_rank"], e["engine_world"]) for e in engines] == \
+        [(0, "external_launcher", 0, 2), (1, "external_launcher", 1, 2)]
+    (alone,) = json.loads((one / "done.json").read_text())["engines"]
+    assert (alone["backend"], alone["local_rank"], alone["engine_world"]) == ("uni", 0, 1)
+    tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
+    domains = {d: build_domain(spec) for d, spec in cfg["domains"].items()}
+    tasks = [t for d in cfg["train_domains"] for t in domains[d].training_pool()]
+    tasks += [t for sets in heldout_for(domains, cfg["eval_domains"]).values() for s in sets.values() for t in s]
+    longest = longest_row(tokenizer, tasks, PromptFormat.from_config(cfg["train"]), int(cfg["train"]["max_new_tokens"]))
+    assert {e["max_model_len"] for e in engines + [alone]} == {longest}
+    assert longest < load_model(Path(cfg["student"]["path"])).config.max_position_embeddings
+    a, b = read_jsonl(one / "ledger.jsonl"), read_jsonl(two / "ledger.jsonl")
+    assert [(r["step"], r["reward"], r["tokens"], r["flops"]) for r in a] == \
+        [(r["step"], r["reward"], r["tokens"], r["flops"]) for r in b]
+    for ra, rb in zip(a, b):
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-4, abs=1e-6)
+    assert not (two / ".engine").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 
 import pytest
 import torch
@@ -115,3 +116,63 @@ def test_repacked_micro_batches_keep_the_engines_logprobs():
     got = sorted((tuple(s.scored.rollouts.logprobs[i][s.mask[i]].tolist()) for s in packed for i in range(len(s.tasks))))
     assert got == sorted([(-1.0, -2.0), (-0.5,), (-0.25, -0.75)])
     assert len(packed) > 1
+
+
+# -- what an engine is started with (vllm.LLM's arguments), without vLLM ---------------------------------------------
+
+def _config(context: int = 40960):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(dtype="bfloat16", max_position_embeddings=context)
+
+
+def test_engine_args_place_each_rank_and_size_the_engine_to_the_job():
+    """Under several processes ``external_launcher`` (vLLM takes LOCAL_RANK as the device; its default executor
+    would take cuda:0 on every rank); ``max_model_len`` the job's longest row, not the model's 40,960-token context;
+    sleep only on a GPU shared with a trainer."""
+    from opdgrpo.engines.vllm_engine import engine_args
+
+    alone = engine_args(_config(), max_len=8704, settings={"gpu_memory_utilization": 0.9}, seed=0, cuda=True, world=1,
+                        shares_gpu=False)
+    assert alone["max_model_len"] == 8704 and "distributed_executor_backend" not in alone
+    assert alone["enable_sleep_mode"] is False and alone["gpu_memory_utilization"] == 0.9
+    colocated = engine_args(_config(), max_len=8704, settings={"cpu_kv_cache_gb": 2}, seed=3, cuda=True, world=8,
+                            shares_gpu=True)
+    assert colocated["distributed_executor_backend"] == "external_launcher"
+    assert colocated["enable_sleep_mode"] is True and "cpu_kv_cache_gb" not in colocated
+    assert engine_args(_config(), max_len=100, settings={}, seed=0, cuda=False, world=2,
+                       shares_gpu=True)["enable_sleep_mode"] is False   # vLLM sleeps on CUDA only
+    raised = engine_args(_config(), max_len=8704, settings={"max_model_len": 16384}, seed=0, cuda=True, world=1,
+                         shares_gpu=False)
+    assert raised["max_model_len"] == 16384
+
+
+@pytest.mark.parametrize("settings, max_len, context, match", [
+    ({"max_model_len": 4096}, 8704, 40960, r"`train.vllm.max_model_len` \(4096\) is shorter than the job's longest row \(8704"),
+    ({}, 9000, 8192, r"longest row is 9000 tokens.*context \(8192.*train.max_new_tokens"),
+    ({"tensor_parallel_size": 2}, 100, 40960, r"`train.vllm.tensor_parallel_size` is 2"),
+    ({"distributed_executor_backend": "mp"}, 100, 40960, r"`train.vllm.distributed_executor_backend`.*leave it unset"),
+])
+def test_engine_args_refuse_what_vllm_would_refuse_later(settings, max_len, context, match):
+    from opdgrpo.engines.vllm_engine import engine_args
+
+    with pytest.raises(ValueError, match=match):
+        engine_args(_config(context), max_len=max_len, settings=settings, seed=0, cuda=True, world=2, shares_gpu=True)
+
+
+def test_build_engine_under_vllm_needs_the_jobs_longest_row(tmp_path):
+    with pytest.raises(ValueError, match="longest row"):
+        build_engine("vllm", torch.nn.Linear(2, 2), tokenizer=None, scratch=tmp_path, settings={})
+
+
+def test_training_jobs_grow_allocator_segments_on_gpus_only(monkeypatch):
+    from opdgrpo.train import expandable_segments
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert expandable_segments() is False and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert expandable_segments() is True and os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")   # the user's setting wins
+    assert expandable_segments() is False and os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"

@@ -16,8 +16,9 @@ optional truncated importance-sampling correction (``method.engine_is_cap``).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import torch
 
@@ -40,6 +41,9 @@ class Engine(Protocol):
     def sync(self, model: torch.nn.Module, version: Any) -> None:
         """Make the engine sample from ``model``'s current weights (``version`` names them: a repeat is free)."""
 
+    def close(self) -> None:
+        """Free what the engine holds, now (a job ends, or the next model's engine starts)."""
+
 
 class HFEngine:
     """The project's own sampler on the model itself: :func:`opdgrpo.sampling.sample`, unchanged."""
@@ -56,11 +60,24 @@ class HFEngine:
     def sync(self, model: torch.nn.Module, version: Any = None) -> None:
         self.model = model   # the same weights, nothing to copy
 
+    def close(self) -> None:
+        """Nothing of its own to free: the model is the trainer's."""
+
+
+def longest_row(tokenizer, tasks: Sequence[Any], fmt: Any, max_new_tokens: int) -> int:
+    """The longest row a job can sample: its longest prompt as the sampler encodes it, plus ``max_new_tokens``
+    (a vLLM engine's ``max_model_len``)."""
+    from ..rollout import encode_prompts
+
+    unique = list({t.prompt: t for t in tasks}.values())
+    return max((len(ids) for ids in encode_prompts(tokenizer, unique, fmt)), default=0) + int(max_new_tokens)
+
 
 def build_engine(name: str, model: torch.nn.Module, tokenizer, *, scratch: Path | None, settings: Mapping[str, Any],
-                 seed: int = 0) -> Engine:
-    """The engine ``train.engine`` names, for ``model``. ``vllm`` saves ``model`` and ``tokenizer`` to ``scratch``
-    (vLLM loads from a directory) and takes ``settings`` (``train.vllm``: extra ``LLM`` arguments)."""
+                 max_len: int = 0, seed: int = 0) -> Engine:
+    """The engine ``train.engine`` names, for ``model``, in a process that also trains it. ``vllm`` saves
+    ``model``'s config and ``tokenizer`` to ``scratch`` (vLLM starts from a directory), takes ``settings``
+    (``train.vllm``: extra ``LLM`` arguments) and ``max_len`` (the job's longest row, :func:`longest_row`)."""
     if name == "hf":
         return HFEngine(model)
     if name != "vllm":
@@ -68,20 +85,28 @@ def build_engine(name: str, model: torch.nn.Module, tokenizer, *, scratch: Path 
     from .vllm_engine import VLLMEngine
 
     if scratch is None:
-        raise ValueError("train.engine vllm needs a scratch directory to save the model it starts from")
-    return VLLMEngine.for_model(model, tokenizer, scratch, settings=settings, seed=seed)
+        raise ValueError("train.engine vllm needs a scratch directory for the model's config and tokenizer")
+    if max_len <= 0:
+        raise ValueError("train.engine vllm needs the job's longest row (max_len) to size the engine")
+    return VLLMEngine.for_model(model, tokenizer, scratch, max_len=max_len, settings=settings, seed=seed)
 
 
-def checkpoint_engine(cfg: Mapping[str, Any], path: str | Path, model: torch.nn.Module) -> Engine | None:
+@contextlib.contextmanager
+def checkpoint_engine(cfg: Mapping[str, Any], path: str | Path, model: torch.nn.Module,
+                      max_len: int) -> Iterator[Engine | None]:
     """For jobs that sample a saved model without training it (base-model evaluation, S2's difficulty job): None
     under ``engine: hf`` (or no key: the project's sampler on ``model``), else a vLLM engine on the checkpoint
-    directory ``path`` itself (no copy), with the job's ``vllm`` settings. ``model`` gives the FLOP formulas' config."""
+    directory ``path`` itself (no copy), with the job's ``vllm`` settings, sized for ``max_len`` (the job's longest
+    row), awake throughout (no trainer shares its GPU) and shut down when the block ends: one engine at a time.
+    ``model`` gives the FLOP formulas' config."""
     name = str(cfg.get("engine") or "hf")
     if name == "hf":
-        return None
+        yield None
+        return
     if name != "vllm":
         raise ValueError(f"config key `train.engine`: must be one of {list(schema.allowed('train', 'engine'))}, got {name!r}")
     from .vllm_engine import VLLMEngine
 
-    return VLLMEngine(Path(path), model.config, settings=cfg.get("vllm") or {}, seed=int(cfg.get("seed") or 0),
-                      device=next(model.parameters()).device)
+    with VLLMEngine(Path(path), model.config, max_len=max_len, settings=cfg.get("vllm") or {},
+                    seed=int(cfg.get("seed") or 0), device=next(model.parameters()).device) as engine:
+        yield engine

