@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from .config import ConfigError
 from .cost import architecture, cost_block, estimate_run, lengths_for, model_of
+from .engine_memory import EngineStart, engine_start
 from .logit_chunks import chunk_tokens
 from .memory_model import ADAM_STATE_BYTES, GIB, Shape, activation_bytes, kv_cache_bytes, layer_params, logit_chunk_bytes, params, root_params
 
@@ -36,6 +37,9 @@ ADVICE = {
     "evaluation": "a lower {eval_knob} (or batch_size beside it)",
     "vLLM engine": "a lower train.vllm.gpu_memory_utilization (the engine's share of a GPU beside the trainer)",
     "vLLM engine alone": "a higher train.vllm_alone.gpu_memory_utilization, or a smaller model",
+    "vLLM start": "a lower max_new_tokens (the engine's max_model_len is the longest prompt + max_new_tokens), a "
+                  "lower max_num_batched_tokens/max_num_seqs in {settings} (vLLM's profiling peak), or a higher "
+                  "{settings}.gpu_memory_utilization",
 }
 
 #: vLLM's own default share of a GPU (``gpu_memory_utilization``).
@@ -79,7 +83,9 @@ class JobEstimate:
     phases: dict[str, float]                       # bytes of each phase, per device; the largest one is the peak
     hours: float | None = None
     host: float = 0.0                              # bytes of host memory per node while the models load
-    engine_need: float = 0.0                       # vLLM alone on a GPU: weights + one longest row's KV cache
+    engine: EngineStart | None = None              # vLLM's start-up memory (engine jobs on a device with hardware)
+    engine_key: str = "train.vllm"                 # the settings block that engine reads
+    trainer_at_start: float = 0.0                  # what a colocated trainer holds when its engine starts
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -152,13 +158,26 @@ def _shard_rows(rc: Mapping[str, Any], world: int) -> int:
     return max(1, math.ceil(int(t["prompts_per_step"]) * per_prompt / shards))
 
 
+def _train_row(cfg: Mapping[str, Any], rc: Mapping[str, Any]) -> int:
+    """A training job's longest row: the cost model's padded prompt of its longest domain + ``max_new_tokens``."""
+    t = rc["train"]
+    block = cost_block(cfg)
+    prompt = max(lengths_for(block, d, int(t["max_new_tokens"])).padded_prompt for d in rc["train_domains"])
+    return int(prompt + int(t["max_new_tokens"]))
+
+
+def max_model_len(settings: Mapping[str, Any], row: int) -> int:
+    """The engine's ``max_model_len`` as :func:`opdgrpo.engines.vllm_engine.engine_args` sets it: the key where it
+    is set (it may only raise it), else the job's longest row (here the cost model's padded prompt, an upper bound
+    the engine replaces with the job's real longest prompt)."""
+    return max(int(settings.get("max_model_len") or 0), int(row))
+
+
 def _train_phases(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape, teachers: Sequence[Shape],
                   world: int, residual: int) -> dict[str, float]:
     t = rc["train"]
     compute = _compute_bytes(t)
-    block = cost_block(cfg)
-    prompt = max(lengths_for(block, d, int(t["max_new_tokens"])).padded_prompt for d in rc["train_domains"])
-    row = int(prompt + int(t["max_new_tokens"]))
+    row = _train_row(cfg, rc)
     rows = _shard_rows(rc, world)
     tokens = min(rows * row, int(t.get("max_tokens_per_microbatch") or rows * row))
     attention = str(t.get("attn_implementation", "eager"))
@@ -190,12 +209,19 @@ def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw
     teachers = [Shape.of(architecture(cfg, model_of(ref, jobs))) for ref in refs]
     static, residual = _train_static(cfg, rc, student, teachers, world)
     phases = _train_phases(cfg, rc, student, teachers, world, residual)
+    engine = None
     if rc["train"].get("engine") == "vllm" and hw:   # sampling and evaluation inside the engine's reservation
-        share = float((rc["train"].get("vllm") or {}).get("gpu_memory_utilization", VLLM_DEFAULT_SHARE))
+        settings = rc["train"].get("vllm") or {}
+        share = float(settings.get("gpu_memory_utilization", VLLM_DEFAULT_SHARE))
         phases = {"training pass": phases["training pass"], "vLLM engine": share * hw.memory_gib * GIB}
         # asleep during the update (level 1: KV cache freed, weights to host memory); the trainer's sampling
         # replica stays (it refreshes the engine's weights)
-    est = JobEstimate(job.id, "train", world, static, phases)
+        engine = engine_start(student, gpu_bytes=hw.memory_gib * GIB, settings=settings,
+                              max_model_len=max_model_len(settings, _train_row(cfg, rc)))
+    est = JobEstimate(job.id, "train", world, static, phases, engine=engine)
+    # the engine starts after the models load and before the first step: the trainer holds its weights (and the
+    # sampling replica) and its teachers then; gradients and Adam's state come with the first update
+    est.trainer_at_start = static.get("weights", 0.0) + static.get("teachers", 0.0)
     # every process reads each model whole into host memory before it moves or shards it, one model at a time
     t = rc["train"]
     est.host = world * max([_bytes(t.get("param_dtype")) * params(student)]
@@ -227,24 +253,27 @@ def _sampling_estimate(cfg: Mapping[str, Any], job_id: str, kind: str, models: S
     if hw:
         flops = sum(2 * params(s) * tokens for s, _ in shapes)
         est.hours = flops / (hw.bf16_tflops * 1e12 * hw.sampling_mfu) / 3600
-    vllm = _engine_alone(cfg, job_id, kind)
-    if hw and vllm is not None:   # the engine reserves its share; the model's weights and its KV pool live inside
-        reserved = float(vllm) * hw.memory_gib * GIB
+    settings = _engine_alone(cfg)
+    if hw and settings is not None:   # the engine reserves its share; the model's weights and its KV pool live inside
+        reserved = float(settings.get("gpu_memory_utilization", VLLM_DEFAULT_SHARE)) * hw.memory_gib * GIB
         weights = 2 * params(biggest)   # the engine's bf16 copy
         est.static = {"weights": min(weights, reserved)}
         est.phases = {"vLLM engine alone": reserved - est.static["weights"]}   # its KV-cache pool
-        est.engine_need = max(2 * params(s) + kv_cache_bytes(s, 1, row, 2) for s, _ in shapes)
+        # one engine at a time (S2: student, then teacher): the one with the least room decides
+        starts = [engine_start(s, gpu_bytes=hw.memory_gib * GIB, settings=settings,
+                               max_model_len=max_model_len(settings, row)) for s, _ in shapes]
+        est.engine = min(starts, key=lambda e: e.pool - e.row)
+        est.engine_key = "train.vllm_alone"
     return est
 
 
-def _engine_alone(cfg: Mapping[str, Any], job_id: str, kind: str) -> float | None:
-    """The vLLM share of the GPU a sampling-only job's engine reserves (the planner's ``train.vllm`` merged with
-    ``train.vllm_alone``), or None under ``hf``."""
+def _engine_alone(cfg: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The settings of a sampling-only job's engine (``train.vllm`` with ``train.vllm_alone`` over it, as the plan
+    merges them), or None under ``hf``."""
     train = cfg["train"]
     if train.get("engine") != "vllm":
         return None
-    settings = {**(train.get("vllm") or {}), **(train.get("vllm_alone") or {})}
-    return float(settings.get("gpu_memory_utilization", VLLM_DEFAULT_SHARE))
+    return {**(train.get("vllm") or {}), **(train.get("vllm_alone") or {})}
 
 
 def base_estimate(cfg: Mapping[str, Any], job: Any, hw: Hardware | None) -> JobEstimate:
@@ -302,15 +331,33 @@ def unfit(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[str]
         return []
     out = [f"job `{e.job}`: {e.peak / GIB:.1f} GiB per GPU ({e.peak_phase} peaks) > {hw.budget / GIB:.1f} GiB usable "
            f"on {hw.name}; change: {e.advice()}" for e in estimates if e.peak > hw.budget]
-    out += [f"job `{e.job}`: its model and one row's KV cache need {e.engine_need / GIB:.1f} GiB, more than the "
-            f"{e.peak / GIB:.1f} GiB its vLLM engine reserves; change: {ADVICE['vLLM engine alone']}"
-            for e in estimates if e.engine_need > e.peak]
+    out += engine_refusals(hw, estimates)
     for e in estimates:
         limit = _host_limit(cfg, e.kind)
         if limit is not None and e.host > limit:
             out.append(f"job `{e.job}`: {e.host / GIB:.0f} GiB of host memory while its models load (each of "
                        f"{e.gpus} processes reads one whole) > resources.{e.kind}.mem_mb ({limit / GIB:.0f} GiB); "
                        f"change: a higher resources.{e.kind}.mem_mb")
+    return out
+
+
+def engine_refusals(hw: Hardware, estimates: Sequence[JobEstimate]) -> list[str]:
+    """What vLLM itself would refuse as its engine starts (:mod:`opdgrpo.engine_memory`), one message per job."""
+    out = []
+    total = hw.memory_gib * GIB
+    for e in estimates:
+        if e.engine is None:
+            continue
+        x, advice = e.engine, ADVICE["vLLM start"].format(settings=e.engine_key)
+        if e.trainer_at_start + x.share > total:
+            out.append(f"job `{e.job}`: vLLM would refuse to start: the trainer holds {e.trainer_at_start / GIB:.1f} "
+                       f"GiB when its engine asks for {x.share / GIB:.1f} GiB ({e.engine_key}.gpu_memory_utilization) "
+                       f"of the {total / GIB:.0f} GiB device; change: a lower {e.engine_key}.gpu_memory_utilization")
+        if not x.starts:
+            out.append(f"job `{e.job}`: vLLM would refuse to start: its KV pool ({x.share / GIB:.1f} GiB share - "
+                       f"{x.weights / GIB:.1f} weights - {x.profile_peak / GIB:.1f} profiling peak = "
+                       f"{x.pool / GIB:.1f} GiB) cannot hold one row of max_model_len {x.max_model_len} "
+                       f"({x.row / GIB:.2f} GiB); change: {advice}")
     return out
 
 
@@ -327,7 +374,7 @@ def table(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
     hw = Hardware.of(cfg)
     comps = ["weights", "gradients", "optimizer", "teachers"]
     head = ("| job | GPUs | " + " | ".join(comps) + " | peak phase (GiB) | peak GiB / GPU | fits | host GiB / node | hours "
-            "| GPU-hours |\n|---|---|" + "---|" * (len(comps) + 7))
+            "| GPU-hours | vLLM rows at once |\n|---|---|" + "---|" * (len(comps) + 8))
     lines = [head]
     for e in estimates:
         cells = [f"{e.static.get(c, 0.0) / GIB:.1f}" for c in comps]
@@ -336,8 +383,15 @@ def table(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
         gpu_hours = "-" if e.hours is None else f"{e.hours * e.gpus:.0f}"
         lines.append(f"| {e.job} | {e.gpus} | " + " | ".join(cells) + f" | {e.peak_phase} "
                      f"({e.phases.get(e.peak_phase, 0.0) / GIB:.1f}) | {e.peak / GIB:.1f} | {fits} | {e.host / GIB:.0f} | {hours} "
-                     f"| {gpu_hours} |")
+                     f"| {gpu_hours} | {_rows_at_once(e)} |")
     return "\n".join(lines)
+
+
+def _rows_at_once(e: JobEstimate) -> str:
+    """Rows of the engine's ``max_model_len`` its KV pool holds at once (more in one call wait or are preempted)."""
+    if e.engine is None:
+        return "-"
+    return f"{e.engine.rows_at_once} of {e.engine.max_model_len}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,6 +3,8 @@ with the knob to change, by the command and by the Snakefile's check; a profile 
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from opdgrpo import resources
@@ -79,9 +81,80 @@ def test_the_hf_engine_is_estimated_by_its_own_kv_cache(paper):
     cfg = compose(["profile=paper", *HF.split()])
     estimates = {e.job: e for e in resources.estimate_jobs(cfg, build_plan(cfg))}
     assert resources.unfit(cfg, list(estimates.values())) == []
-    assert "sampling" in estimates["grpo-student-math-s0"].phases and estimates["base-qwen3_32b"].engine_need == 0
+    assert "sampling" in estimates["grpo-student-math-s0"].phases and estimates["base-qwen3_32b"].engine is None
 
 
 def test_engine_settings_under_hf_are_an_error():
     with pytest.raises(ConfigError, match=r"train.vllm_alone.*~train.vllm_alone"):
         compose(["profile=paper", "train.engine=hf", "~train.vllm"])
+
+
+# -- vLLM's own start-up rule (opdgrpo.engine_memory) ---------------------------------------------------------------
+
+def _shape(cfg, name):
+    from opdgrpo.cost import architecture
+    from opdgrpo.memory_model import Shape
+
+    return Shape.of(architecture(cfg, name))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed: scripts/install.sh --vllm")
+@pytest.mark.parametrize("model", ["qwen3_32b", "student", "student_olmo3"])
+def test_the_planner_applies_vllms_own_start_up_rule(paper, model):
+    """The KV bytes of one ``max_model_len`` row are vLLM's own ``FullAttentionSpec.max_memory_usage_bytes`` summed
+    over layers, and the planner says "starts" exactly where vLLM's ``_check_enough_kv_cache_memory`` (given the pool
+    less the null block, as ``check_enough_kv_cache_memory`` passes it) does not raise."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.v1.core.kv_cache_utils import _check_enough_kv_cache_memory
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from opdgrpo.engine_memory import BLOCK, EngineStart, kv_row_bytes
+
+    shape = _shape(paper[0], model)
+    for length in (8704, 9692, 40960):
+        spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=shape.kv_heads, head_size=shape.head_dim,
+                                 dtype=torch.bfloat16)
+        stub = SimpleNamespace(model_config=SimpleNamespace(max_model_len=length),
+                               parallel_config=SimpleNamespace(decode_context_parallel_size=1))
+        full, windowed = shape.layers - shape.sliding_layers, shape.sliding_layers
+        if windowed:   # Olmo-3's sliding layers: vLLM's SlidingWindowSpec keeps the window (+ one block) per row
+            assert kv_row_bytes(shape, length) >= full * spec.max_memory_usage_bytes(stub)
+            continue
+        row = full * spec.max_memory_usage_bytes(stub)
+        assert kv_row_bytes(shape, length) == row
+        null = row / (length // BLOCK + (length % BLOCK > 0))
+        for pool in (row + null - 1, row + null, 3 * row):
+            start = EngineStart(share=0, weights=0, profile_peak=0, pool=pool, row=row, max_model_len=length)
+            try:
+                _check_enough_kv_cache_memory(int(pool - null), lambda: row, length, lambda available: 0)
+                vllm_starts = True
+            except ValueError:
+                vllm_starts = False
+            assert start.starts == vllm_starts, (model, length, pool)
+
+
+def test_a_32b_engine_sized_to_the_models_context_is_refused_as_vllm_would(capsys):
+    """Qwen3-32B's base evaluation at its 40,960-token context (what the engine used to take): 61 GiB of weights
+    leave no KV pool for one such row in a 0.9 share of 80 GiB. At the job's longest row (8,704) it starts, with a
+    pool of about two such rows (so its evaluation decodes in waves of two)."""
+    cfg = compose(["profile=paper"])
+    estimates = {e.job: e for e in resources.estimate_jobs(cfg, build_plan(cfg))}
+    start = estimates["base-qwen3_32b"].engine
+    assert start.max_model_len == 512 + 8192 and start.starts and start.rows_at_once == 2
+    assert "| 2 of 8704 |" in resources.summary(cfg, list(estimates.values()))
+    override = ["profile=paper", "+train.vllm_alone.max_model_len=40960"]
+    cfg = compose(override)
+    with pytest.raises(ConfigError, match=r"base-qwen3_32b`: vLLM would refuse to start: its KV pool .* max_model_len "
+                                          r"40960.*lower max_new_tokens"):
+        resources.refuse_unfit(cfg, build_plan(cfg))
+
+
+def test_a_colocated_engine_must_find_its_share_free_beside_the_trainer():
+    """vLLM asks for gpu_memory_utilization x the device free at its start; the trainer's weights, sampling replica
+    and teachers are already there."""
+    cfg = compose(["profile=paper", "train.vllm.gpu_memory_utilization=0.85"])
+    problems = resources.unfit(cfg, resources.estimate_jobs(cfg, build_plan(cfg)))
+    assert any("vLLM would refuse to start: the trainer holds" in p and "a lower train.vllm.gpu_memory_utilization" in p
+               for p in problems)
