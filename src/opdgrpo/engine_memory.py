@@ -84,3 +84,14 @@ def engine_start(s: Shape, *, gpu_bytes: float, settings: Mapping[str, Any], max
     peak = forward + sampler + NON_TORCH_BYTES
     return EngineStart(share, weights, peak, share - weights - peak, kv_row_bytes(s, max_model_len, dtype_bytes),
                        int(max_model_len))
+
+
+def decode_seconds(start: EngineStart, rows: int, longest: int, mean: float, tbps: float) -> float:
+    """A lower bound on the time to decode ``rows`` rows (``mean`` new tokens on average, up to ``longest``) on one
+    engine: vLLM batches continuously, so the decode takes at least the longest row's steps and at least the steps
+    that ``rows_at_once`` rows at a time need for all the tokens; each step reads the weights and those rows' KV
+    cache (at half the row, its mean over the decode) from memory at ``tbps``. Prefill and the sampler's work are
+    left out: decode dominates at thousands of new tokens."""
+    at_once = max(1, min(rows, start.rows_at_once))
+    steps = max(float(longest), rows * mean / at_once)
+    return steps * (start.weights + at_once * start.row / 2) / (tbps * 1e12)

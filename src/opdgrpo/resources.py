@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from .config import ConfigError
 from .cost import architecture, cost_block, estimate_run, lengths_for, model_of
-from .engine_memory import EngineStart, engine_start
+from .engine_memory import EngineStart, decode_seconds, engine_start
 from .logit_chunks import chunk_tokens
 from .memory_model import ADAM_STATE_BYTES, GIB, Shape, activation_bytes, kv_cache_bytes, layer_params, logit_chunk_bytes, params, root_params
 
@@ -60,6 +60,7 @@ class Hardware:
     bf16_tflops: float
     train_mfu: float
     sampling_mfu: float
+    memory_tbps: float | None = None
 
     @classmethod
     def of(cls, cfg: Mapping[str, Any]) -> Hardware | None:
@@ -67,7 +68,8 @@ class Hardware:
         if not block:
             return None
         return cls(str(block["name"]), float(block["memory_gib"]), float(block["usable_fraction"]),
-                   float(block["bf16_tflops"]), float(block["train_mfu"]), float(block["sampling_mfu"]))
+                   float(block["bf16_tflops"]), float(block["train_mfu"]), float(block["sampling_mfu"]),
+                   float(block["memory_tbps"]) if block.get("memory_tbps") else None)
 
     @property
     def budget(self) -> float:
@@ -82,6 +84,7 @@ class JobEstimate:
     static: dict[str, float]                       # bytes held for the whole job, per device
     phases: dict[str, float]                       # bytes of each phase, per device; the largest one is the peak
     hours: float | None = None
+    hours_high: float | None = None                # sampling bound by decode waves (hardware.memory_tbps)
     host: float = 0.0                              # bytes of host memory per node while the models load
     engine: EngineStart | None = None              # vLLM's start-up memory (engine jobs on a device with hardware)
     engine_key: str = "train.vllm"                 # the settings block that engine reads
@@ -227,24 +230,33 @@ def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw
     est.host = world * max([_bytes(t.get("param_dtype")) * params(student)]
                            + [_bytes(t.get("teacher_dtype")) * params(s) for s in teachers])
     if hw:
-        est.hours = _train_hours(cfg, job, jobs, hw, world, bool(rc["train"].get("activation_checkpointing")))
+        rollout, rest = _train_hours(cfg, job, jobs, hw, world, bool(rc["train"].get("activation_checkpointing")))
+        est.hours = rollout + rest
+        if engine is not None and hw.memory_tbps:   # every step's rollouts: one call per GPU, in waves
+            new = int(t["max_new_tokens"])
+            mean = max(lengths_for(cost_block(cfg), d, new).response for d in rc["train_domains"])
+            waves = int(rc["method"]["steps"]) * decode_seconds(engine, _shard_rows(rc, world), new, mean,
+                                                                 hw.memory_tbps) / 3600
+            est.hours_high = max(rollout, waves) + rest
     return est
 
 
 def _train_hours(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw: Hardware, world: int,
-                 recompute: bool) -> float:
-    """Rollouts at ``sampling_mfu``, the passes and teachers at ``train_mfu``; checkpointing adds one forward
-    (a third of a forward+backward) to the training pass. Evaluation is not counted."""
+                 recompute: bool) -> tuple[float, float]:
+    """(rollout hours, the rest): rollouts at ``sampling_mfu``, the passes and teachers at ``train_mfu``;
+    checkpointing adds one forward (a third of a forward+backward) to the training pass. Evaluation is not counted."""
     flops = estimate_run(cfg, job, jobs).flops
     peak = world * hw.bf16_tflops * 1e12
     train = flops["train"] * (4 / 3 if recompute else 1.0) + flops["old_policy"] + flops["reference"] + flops["teacher"]
-    return (flops["rollout"] / hw.sampling_mfu + train / hw.train_mfu) / peak / 3600
+    return flops["rollout"] / hw.sampling_mfu / peak / 3600, train / hw.train_mfu / peak / 3600
 
 
 # -- sampling-only jobs: base-model evaluation and S2's solve rates ------------------------------------------------
 def _sampling_estimate(cfg: Mapping[str, Any], job_id: str, kind: str, models: Sequence[tuple[str, int]],
-                       rows: int, row: int, tokens: float, hw: Hardware | None) -> JobEstimate:
-    """One GPU; each model sampled in turn (the largest sets the peak), ``rows`` rows of ``row`` positions a batch."""
+                       rows: int, row: int, rows_total: int, hw: Hardware | None, prompt: int) -> JobEstimate:
+    """One GPU; each model sampled in turn (the largest sets the peak), ``rows`` rows of ``row`` positions a batch
+    (``prompt`` of them the prompt), ``rows_total`` rows per model."""
+    tokens = rows_total * row
     shapes = [(Shape.of(architecture(cfg, name)), b) for name, b in models]
     biggest, dtype_bytes = max(shapes, key=lambda sb: params(sb[0]) * sb[1])
     est = JobEstimate(job_id, kind, 1, {"weights": dtype_bytes * params(biggest)},
@@ -264,6 +276,10 @@ def _sampling_estimate(cfg: Mapping[str, Any], job_id: str, kind: str, models: S
                                max_model_len=max_model_len(settings, row)) for s, _ in shapes]
         est.engine = min(starts, key=lambda e: e.pool - e.row)
         est.engine_key = "train.vllm_alone"
+        if hw.memory_tbps and est.hours is not None:   # each model's rows in waves of what its pool holds
+            mean = min(float(cost_block(cfg)["response_tokens"] or row - prompt), row - prompt)
+            waves = sum(decode_seconds(x, rows_total, row - prompt, mean, hw.memory_tbps) for x in starts) / 3600
+            est.hours_high = max(est.hours, waves)
     return est
 
 
@@ -281,9 +297,8 @@ def base_estimate(cfg: Mapping[str, Any], job: Any, hw: Hardware | None) -> JobE
     prompt = cost_block(cfg)["padded_prompt_tokens"] or 0
     row = int(prompt + int(ev.get("max_new_tokens") or cfg["train"]["max_new_tokens"]))
     block = job.config["model"]
-    tokens = _heldout_rows(cfg, ev) * int(ev.get("k") or 1) * row
     return _sampling_estimate(cfg, job.id, "base", [(job.config["name"], _bytes(block.get("dtype")))],
-                              _eval_rows(ev, row), row, tokens, hw)
+                              _eval_rows(ev, row), row, _heldout_rows(cfg, ev) * int(ev.get("k") or 1), hw, prompt)
 
 
 def difficulty_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw: Hardware | None) -> JobEstimate:
@@ -292,8 +307,8 @@ def difficulty_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any
     models = [(n, _bytes(rc[role].get("dtype"))) for n, role in zip(names, ("student", "teacher"))]
     prompt = cost_block(cfg)["padded_prompt_tokens"] or 0
     row = int(prompt + int(rc["max_new_tokens"]))
-    tokens = int(rule.get("pool_size") or 0) * int(rule["k"]) * row
-    return _sampling_estimate(cfg, job.id, "difficulty", models, _eval_rows(rule, row), row, tokens, hw)
+    return _sampling_estimate(cfg, job.id, "difficulty", models, _eval_rows(rule, row), row,
+                              int(rule.get("pool_size") or 0) * int(rule["k"]), hw, prompt)
 
 
 def _heldout_rows(cfg: Mapping[str, Any], ev: Mapping[str, Any]) -> int:
@@ -379,12 +394,17 @@ def table(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
     for e in estimates:
         cells = [f"{e.static.get(c, 0.0) / GIB:.1f}" for c in comps]
         fits = "-" if hw is None else ("yes" if e.peak <= hw.budget else "**no**")
-        hours = "-" if e.hours is None else f"{e.hours:.1f}"
-        gpu_hours = "-" if e.hours is None else f"{e.hours * e.gpus:.0f}"
+        hours = "-" if e.hours is None else _span(e.hours, e.hours_high, ".1f")
+        gpu_hours = "-" if e.hours is None else _span(e.hours * e.gpus, (e.hours_high or 0) * e.gpus or None, ".0f")
         lines.append(f"| {e.job} | {e.gpus} | " + " | ".join(cells) + f" | {e.peak_phase} "
                      f"({e.phases.get(e.peak_phase, 0.0) / GIB:.1f}) | {e.peak / GIB:.1f} | {fits} | {e.host / GIB:.0f} | {hours} "
                      f"| {gpu_hours} | {_rows_at_once(e)} |")
     return "\n".join(lines)
+
+
+def _span(low: float, high: float | None, fmt: str) -> str:
+    """``low``, or ``low-high`` where the decode-bound estimate is higher."""
+    return format(low, fmt) if high is None or format(high, fmt) == format(low, fmt) else f"{low:{fmt}}-{high:{fmt}}"
 
 
 def _rows_at_once(e: JobEstimate) -> str:
@@ -424,8 +444,29 @@ def summary(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
     else:
         where = (f"{hw.name}: {hw.memory_gib:g} GiB x {hw.usable_fraction:g} usable; wall time at "
                  f"{hw.bf16_tflops:g} TFLOP/s x MFU {hw.train_mfu:g} (training passes, teachers) and "
-                 f"{hw.sampling_mfu:g} (sampling); evaluation time not counted in training jobs")
-    total = sum((e.hours or 0.0) * e.gpus for e in estimates)
+                 f"{hw.sampling_mfu:g} (sampling)"
+                 + (f"; the high end bounds sampling by decode waves at {hw.memory_tbps:g} TB/s (continuous "
+                    "batching of 'vLLM rows at once' rows; a step reads the weights and their KV cache; at least the "
+                    "longest row's steps)" if hw.memory_tbps else "")
+                 + "; evaluation time not counted in training jobs")
+    low = sum((e.hours or 0.0) * e.gpus for e in estimates)
+    high = sum((e.hours_high or e.hours or 0.0) * e.gpus for e in estimates)
+    total = (f"{low:,.0f}" if round(high) == round(low) else f"{low:,.0f}-{high:,.0f}")
+    node = (f"{low / 8:,.0f}" if round(high) == round(low) else f"{low / 8:,.0f}-{high / 8:,.0f}")
     return (f"# Estimated peak GPU memory per device and wall time: profile `{cfg.get('profile')}`, "
             f"{len(estimates)} GPU jobs\n\n{where}\n\n{table(cfg, estimates)}\n\n"
-            + (f"Total: {total:,.0f} GPU-hours ({total / 8:,.0f} hours of one 8-GPU node)\n" if hw else ""))
+            + (f"Total: {total} GPU-hours ({node} hours of one 8-GPU node)\n" if hw else "")
+            + "".join(f"note: {line}\n" for line in _over_runtime(cfg, estimates)))
+
+
+def _over_runtime(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[str]:
+    """Jobs whose high-end hours exceed what they ask SLURM for (``resources.<kind>.runtime``, minutes)."""
+    out = []
+    for e in estimates:
+        runtime = ((cfg.get("resources") or {}).get(e.kind) or {}).get("runtime")
+        hours = e.hours_high or e.hours
+        if runtime and hours and hours * 60 > float(runtime):
+            out.append(f"job `{e.job}` may outlive resources.{e.kind}.runtime ({float(runtime) / 60:g} h): "
+                       f"{hours:.1f} h at the high end (training jobs resume from their checkpoint; base and "
+                       f"difficulty jobs start over)")
+    return out

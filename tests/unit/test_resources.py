@@ -158,3 +158,28 @@ def test_a_colocated_engine_must_find_its_share_free_beside_the_trainer():
     problems = resources.unfit(cfg, resources.estimate_jobs(cfg, build_plan(cfg)))
     assert any("vLLM would refuse to start: the trainer holds" in p and "a lower train.vllm.gpu_memory_utilization" in p
                for p in problems)
+
+
+def test_gpu_hours_are_a_range_with_sampling_bound_by_decode(paper):
+    """With ``hardware.memory_tbps`` each engine job's hours get a decode-bound high end (continuous batching of
+    the rows its KV pool holds, at least the longest row's steps); the total reads as a range; every job's high end
+    fits the runtime it asks SLURM for (a base job that outlived it would start over)."""
+    from opdgrpo.engine_memory import EngineStart, decode_seconds
+
+    cfg, plan = paper
+    estimates = {e.job: e for e in resources.estimate_jobs(cfg, plan)}
+    assert all(e.hours_high is not None and e.hours_high >= e.hours for e in estimates.values())
+    assert estimates["base-qwen3_32b"].hours_high > 1.5 * estimates["base-qwen3_32b"].hours   # two rows at a time
+    text = resources.summary(cfg, list(estimates.values()))
+    assert "Total: 854-" in text and "decode" in text and "note:" not in text
+    no_bandwidth = compose(["profile=paper", "~hardware.memory_tbps"])
+    assert all(e.hours_high is None for e in resources.estimate_jobs(no_bandwidth, build_plan(no_bandwidth)))
+    # the bound itself: one row at a time of 1000 tokens reading 1 GB each step at 1 TB/s is 1 s; the longest row
+    # bounds a call whose rows all fit at once
+    one = EngineStart(share=0, weights=1e9, profile_peak=0, pool=1.0, row=1.0, max_model_len=1000)
+    assert decode_seconds(one, rows=1, longest=1000, mean=1000, tbps=1.0) == pytest.approx(1.0, rel=1e-6)
+    many = EngineStart(share=0, weights=1e9, profile_peak=0, pool=100.0, row=1.0, max_model_len=1000)
+    assert decode_seconds(many, rows=10, longest=1000, mean=100, tbps=1.0) == pytest.approx(1000 * (1e9 + 5) / 1e12)
+    shorter = compose(["profile=paper", "resources.base.runtime=240"])
+    notes = resources.summary(shorter, resources.estimate_jobs(shorter, build_plan(shorter)))
+    assert "note: job `base-qwen3_32b` may outlive resources.base.runtime (4 h)" in notes
