@@ -142,6 +142,7 @@ def validate(cfg: dict[str, Any]) -> None:
     _validate_domains(cfg)
     _check_fsdp_block(cfg["train"])
     _check_engine_blocks(cfg["train"])
+    _check_engine_correction(cfg["methods"], cfg["train"])
     vocab = cfg["tokenizer"].get("vocab_size")
     if vocab is not None and cfg["methods"]["opd"]["top_k"] > vocab:   # a hub tokenizer's size is known once loaded
         raise ConfigError(
@@ -171,6 +172,19 @@ def _check_engine_blocks(train: dict[str, Any]) -> None:
         if train.get(key) and engine != "vllm":
             raise ConfigError(f"config key `train.{key}` acts only with `train.engine: vllm` (it is {engine!r}): "
                               f"remove it (`~train.{key}`) or set `train.engine=vllm`")
+
+
+def _check_engine_correction(methods: dict[str, Any], train: dict[str, Any]) -> None:
+    """``engine_is_cap`` weights GRPO's policy-gradient terms by the engine/trainer ratio of the sampled token: it
+    needs the engine's log-probs (``train.engine: vllm``), and OPD has no term it corrects (docs/method.md)."""
+    if methods["opd"].get("engine_is_cap") is not None:
+        raise ConfigError("config key `methods.opd.engine_is_cap` does nothing OPD can use: its top-k KL at a "
+                          "position does not depend on the token sampled there, so the sampled token's ratio corrects "
+                          "nothing (the state distribution's correction would be the prefix's ratio); remove it")
+    engine = str(train.get("engine") or "hf")
+    if methods["grpo"].get("engine_is_cap") is not None and engine != "vllm":
+        raise ConfigError(f"config key `methods.grpo.engine_is_cap` acts only with `train.engine: vllm` (it is "
+                          f"{engine!r}: the sampler is the trainer's own model); set `methods.grpo.engine_is_cap=null`")
 
 
 def _check_names(cfg: dict[str, Any], study: str, scfg: dict[str, Any]) -> None:

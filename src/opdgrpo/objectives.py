@@ -175,7 +175,9 @@ class OPDObjective:
     def __init__(self, method: dict[str, Any], teachers: dict[str, torch.nn.Module], precision: str,
                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS, temperature: float = 1.0):
         self.temperature = float(temperature)   # the rollouts': the engine comparison's log-probs only
-        self.engine_is_cap = method.get("engine_is_cap")
+        if method.get("engine_is_cap") is not None:   # a job config written by hand: compose refuses it too
+            raise ValueError("config key `method.engine_is_cap` does nothing under OPD (docs/method.md, 'Off-policy "
+                             "correction'); remove it")
         self.rollouts_per_prompt = int(method["rollouts_per_prompt"])
         self.aggregation = str(method["aggregation"])
         self.top_k = int(method["top_k"])
@@ -252,9 +254,10 @@ class OPDObjective:
         """``vocab``: the student's logits' last dimension (a teacher's further padded entries are never read)."""
         s_top, top_ids, lse, *sampled = reduced
         teacher = self.teacher_topk(top_ids, vocab, shard, check, flops)
-        weights, engine_metrics = engine_correction(sampled[0], shard, self.engine_is_cap) if sampled else (None, {})
-        loss, metrics = topk_reverse_kl_from_topk(s_top, teacher, lse, shard.mask, self.aggregation, normalizer,
-                                                  weights=weights)
+        # the mismatch is logged; no weight: the top-k KL at a position does not depend on the token sampled there
+        # (docs/method.md, "Off-policy correction"), so ``method.engine_is_cap`` is refused for OPD in config
+        _, engine_metrics = engine_correction(sampled[0], shard, None) if sampled else (None, {})
+        loss, metrics = topk_reverse_kl_from_topk(s_top, teacher, lse, shard.mask, self.aggregation, normalizer)
         return loss, {**metrics, **engine_metrics}
 
 

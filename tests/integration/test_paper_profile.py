@@ -93,7 +93,7 @@ def _tiny_paper_config(root: Path, models: dict[str, str], domains: tuple[str, .
     for d in cfg["domains"].values():
         for name, spec in d["heldout"].items():
             spec.update({"size": 3, "k": 2})
-    cfg["methods"]["grpo"].update({"steps": 2, "group_size": 4})
+    cfg["methods"]["grpo"].update({"steps": 2, "group_size": 4, "engine_is_cap": None})   # acts under vllm only
     cfg["methods"]["grpo"].pop("domain_steps")   # the paper's per-expert budgets: every run here takes 2 steps
     cfg["methods"]["opd"].update({"steps": 2})
     names = list(domains)

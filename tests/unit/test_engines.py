@@ -176,3 +176,18 @@ def test_training_jobs_grow_allocator_segments_on_gpus_only(monkeypatch):
     assert expandable_segments() is True and os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")   # the user's setting wins
     assert expandable_segments() is False and os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
+
+
+def test_engine_correction_is_on_for_vllm_grpo_and_refused_where_it_does_nothing():
+    """The paper profile corrects vLLM's GRPO rollouts (TRL's default: token-level truncation, cap 3); OPD and the
+    own sampler have nothing for it to correct, so setting it there is an error naming the key."""
+    from opdgrpo.config import ConfigError, compose
+    from opdgrpo.objectives import OPDObjective
+
+    assert compose(["profile=paper"])["methods"]["grpo"]["engine_is_cap"] == 3.0
+    with pytest.raises(ConfigError, match=r"`methods.opd.engine_is_cap` does nothing.*prefix"):
+        compose(["profile=paper", "+methods.opd.engine_is_cap=2.0"])
+    with pytest.raises(ConfigError, match=r"`methods.grpo.engine_is_cap` acts only with `train.engine: vllm`"):
+        compose(["profile=tiny", "+methods.grpo.engine_is_cap=2.0"])
+    with pytest.raises(ValueError, match="`method.engine_is_cap` does nothing under OPD"):
+        OPDObjective({"engine_is_cap": 2.0, "rollouts_per_prompt": 1, "aggregation": "token-mean", "top_k": 4}, {}, "fp32")

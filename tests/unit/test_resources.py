@@ -12,7 +12,7 @@ from opdgrpo.config import ConfigError, compose
 from opdgrpo.memory_model import GIB
 from opdgrpo.plan import build_plan
 
-HF = "train.engine=hf ~train.vllm ~train.vllm_alone train.micro_batches=64"   # the own sampler: 8 rows per call
+HF = "train.engine=hf ~train.vllm ~train.vllm_alone methods.grpo.engine_is_cap=null train.micro_batches=64"   # the own sampler: 8 rows per call
 
 
 @pytest.fixture(scope="module")
