@@ -58,6 +58,7 @@ class Workers:
         self.sharded = strategy == "fsdp" and self.world > 1
         self.policy = policy or fsdp.Policy()
         self._replica: torch.nn.Module | None = None   # FSDP: the plain model that samples
+        self.engine_samples = False   # a vLLM engine samples: FSDP keeps no replica (the engine syncs from the shards)
 
     @classmethod
     def from_config(cls, train: Mapping[str, Any]) -> "Workers":
@@ -65,6 +66,7 @@ class Workers:
         strategy it is a config error: ``opdgrpo.config``)."""
         workers = cls(str(train.get("distributed", "ddp")))
         workers.policy = fsdp.Policy.from_config(train, workers.device)   # `precision: auto` resolves on the device
+        workers.engine_samples = str(train.get("engine") or "hf") == "vllm"
         return workers
 
     @property
@@ -78,7 +80,8 @@ class Workers:
         model (one process, DDP) or this process's shards (FSDP, so the optimizer state is sharded too)."""
         if not self.sharded:
             return self.accelerator.prepare(model, make_optimizer(model.parameters()))
-        self._replica = fsdp.sampling_replica(model, self.policy.param_dtype)
+        if not self.engine_samples:
+            self._replica = fsdp.sampling_replica(model, self.policy.param_dtype)
         fsdp.shard(model, self.mesh, self.policy)
         return model, make_optimizer(model.parameters())
 
@@ -109,8 +112,12 @@ class Workers:
     @contextlib.contextmanager
     def full_params(self, model: torch.nn.Module) -> Iterator[torch.nn.Module]:
         """A model with all its parameters present, for sampling outside the wrapper's forward. FSDP: the replica,
-        refreshed from the shards (a collective: every process enters at the same point)."""
-        if self.sharded:
+        refreshed from the shards (a collective: every process enters at the same point). FSDP with a vLLM engine:
+        the sharded model itself, which only gives the engine its weights (gathered a parameter at a time,
+        :meth:`opdgrpo.engines.vllm_engine.VLLMEngine.sync`) and the evaluation its device."""
+        if self.sharded and self._replica is None:
+            yield model
+        elif self.sharded:
             fsdp.refresh(self._replica, model)
             yield self._replica
         else:

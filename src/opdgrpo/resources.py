@@ -139,9 +139,11 @@ def _train_static(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape,
     gathered = _bytes((t.get("fsdp") or {}).get("param_dtype"), "bfloat16" if compute == 2 else "float32")
     n = params(student)
     unit = root_params(student) + 2 * layer_params(student)
-    # FSDP: the master shard, the root unit and two layers gathered, and the full replica the student samples with
-    # in the gathered dtype (opdgrpo.fsdp.sampling_replica; refreshed from the shards before each sampling)
-    static = {"weights": master * n / shards + (gathered * (unit + n) if sharded else 0.0),
+    # FSDP: the master shard, the root unit and two layers gathered, and, under the hf sampler, the full replica the
+    # student samples with in the gathered dtype (opdgrpo.fsdp.sampling_replica; refreshed from the shards before
+    # each sampling). A vLLM engine syncs from the shards a parameter at a time: no replica.
+    replica = n if str(t.get("engine") or "hf") != "vllm" else 0
+    static = {"weights": master * n / shards + (gathered * (unit + replica) if sharded else 0.0),
               # DDP keeps its reduction buckets beside the gradients (gradient_as_bucket_view off)
               "gradients": master * n / shards * (2 if str(t.get("distributed")) == "ddp" and world > 1 else 1)
               + (gathered * 2 * layer_params(student) if sharded else 0.0),

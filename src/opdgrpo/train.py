@@ -272,7 +272,7 @@ def _sample(run: Run, step: int, stats: StepStats, guard: Guard) -> list[Shard]:
     # OPD's loss does not read rewards: `score_rollouts: false` leaves the ledger's `reward` null and skips the
     # verifiers (the code sandbox is about a third of an OPD code step); held-out evaluation scores as always.
     stats.scored = run.objective.needs_rewards or bool(run.cfg["method"].get("score_rollouts", True))
-    with run.workers.full_params(run.model) as policy:
+    with run.workers.full_params(run.model) as policy, _engine_awake(run):
         policy.eval()
         if run.engine:   # the weights after ``step`` updates, into the engine in memory (once per version)
             run.engine.sync(policy, version=step)
@@ -463,7 +463,8 @@ def _evaluate(run: Run, step: int) -> dict[str, Any]:
     """Held-out avg@k of the current policy; one line of ``evals.jsonl`` (its FLOPs are never training FLOPs)."""
     shared, ev = run.cfg["train"], run.cfg["train"]["eval"]
     t0 = time.time()
-    with run.workers.full_params(run.model) as policy, autocast(run.settings["precision"], run.workers.device.type):
+    with run.workers.full_params(run.model) as policy, autocast(run.settings["precision"], run.workers.device.type), \
+            _engine_awake(run):
         if run.engine:
             run.engine.sync(policy, version=step)
         results, eval_flops = evaluate(policy, run.tokenizer, run.domains, run.heldout, k=int(ev["k"]),
@@ -622,6 +623,11 @@ def _engine(run: Run):
     with run.workers.full_params(run.model) as policy:
         return build_engine(name, policy, run.tokenizer, scratch=scratch, settings=run.cfg["train"].get("vllm") or {},
                             max_len=max_len, seed=int(run.cfg["seed"]))
+
+
+def _engine_awake(run: Run):
+    """The engine awake for a sync and the samplings after it (one wake and one sleep), or nothing under ``hf``."""
+    return run.engine.awake() if run.engine is not None else contextlib.nullcontext()
 
 
 def _close_engine(run: Run) -> None:

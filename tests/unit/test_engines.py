@@ -191,3 +191,61 @@ def test_engine_correction_is_on_for_vllm_grpo_and_refused_where_it_does_nothing
         compose(["profile=tiny", "+methods.grpo.engine_is_cap=2.0"])
     with pytest.raises(ValueError, match="`method.engine_is_cap` does nothing under OPD"):
         OPDObjective({"engine_is_cap": 2.0, "rollouts_per_prompt": 1, "aggregation": "token-mean", "top_k": 4}, {}, "fp32")
+
+
+class _RecordedLLM:
+    """What VLLMEngine calls on ``vllm.LLM``, recorded (sleep mode exists on CUDA only, so CPU runs never call it)."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tuple(tags)))
+
+    def collective_rpc(self, method, kwargs):
+        self.calls.append((method, [name for name, _ in kwargs["weights_iterator"]]))
+
+    def generate(self, prompts, params, use_tqdm):
+        from types import SimpleNamespace
+
+        self.calls.append(("generate", len(prompts)))
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[5], logprobs=None)]) for _ in prompts]
+
+
+def _sleeping_engine():
+    from opdgrpo.engines.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine.llm, engine.sleeps, engine.version, engine._sleeping, engine._held = _RecordedLLM(), True, None, set(), False
+    engine.config = Qwen3Config(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                num_attention_heads=2, num_key_value_heads=1, head_dim=4)
+    engine.device = torch.device("cpu")
+    engine._params = lambda **kw: kw
+    engine._prompt = lambda prompt_token_ids: prompt_token_ids
+    engine._sleep()
+    return engine
+
+
+def test_a_step_wakes_the_engine_once_weights_before_kv_cache():
+    """A training step (sync, then two shards' samplings) inside ``awake()``: one wake and one sleep, the weights
+    woken before the reload and the KV cache only after it; outside ``awake()`` each call wakes and sleeps; a sync
+    of the version already held touches nothing. Untested here, and by any CPU run: that vLLM frees and restores
+    the GPU memory these calls name."""
+    engine = _sleeping_engine()
+    model = torch.nn.Linear(2, 2)
+    kwargs = {"max_new_tokens": 2, "eos_token_id": 5, "pad_token_id": 0}
+    engine.llm.calls.clear()
+    with engine.awake():
+        engine.sync(model, version=1)
+        engine.sample([[1, 2]], **kwargs)
+        engine.sample([[3]], **kwargs)
+    assert engine.llm.calls == [("wake_up", ("weights",)), ("reload_weights", ["weight", "bias"]),
+                                ("wake_up", ("kv_cache",)), ("generate", 1), ("generate", 1), ("sleep", 1)]
+    engine.llm.calls.clear()
+    engine.sync(model, version=1)
+    assert engine.llm.calls == []
+    engine.sample([[1]], **kwargs)
+    assert engine.llm.calls == [("wake_up", ("weights",)), ("wake_up", ("kv_cache",)), ("generate", 1), ("sleep", 1)]

