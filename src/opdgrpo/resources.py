@@ -86,6 +86,7 @@ class JobEstimate:
     hours: float | None = None
     hours_high: float | None = None                # sampling bound by decode waves (hardware.memory_tbps)
     host: float = 0.0                              # bytes of host memory per node while the models load
+    host_resume: float = 0.0                       # the same on resume: the trainer state is held while they load
     engine: EngineStart | None = None              # vLLM's start-up memory (engine jobs on a device with hardware)
     engine_key: str = "train.vllm"                 # the settings block that engine reads
     trainer_at_start: float = 0.0                  # what a colocated trainer holds when its engine starts
@@ -231,6 +232,9 @@ def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw
     t = rc["train"]
     est.host = world * max([_bytes(t.get("param_dtype")) * params(student)]
                            + [_bytes(t.get("teacher_dtype")) * params(s) for s in teachers])
+    # on resume every process first reads the checkpoint's trainer state (the full optimizer state, one process's
+    # layout: opdgrpo.checkpoint.resume_point) and holds it while the models load, until the optimizer takes it
+    est.host_resume = est.host + world * ADAM_STATE_BYTES * params(student)
     if hw:
         rollout, rest = _train_hours(cfg, job, jobs, hw, world, bool(rc["train"].get("activation_checkpointing")))
         est.hours = rollout + rest
@@ -351,10 +355,11 @@ def unfit(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[str]
     out += engine_refusals(hw, estimates)
     for e in estimates:
         limit = _host_limit(cfg, e.kind)
-        if limit is not None and e.host > limit:
-            out.append(f"job `{e.job}`: {e.host / GIB:.0f} GiB of host memory while its models load (each of "
-                       f"{e.gpus} processes reads one whole) > resources.{e.kind}.mem_mb ({limit / GIB:.0f} GiB); "
-                       f"change: a higher resources.{e.kind}.mem_mb")
+        if limit is not None and max(e.host, e.host_resume) > limit:
+            when = "on resume (the trainer state held) while" if e.host_resume > e.host else "while"
+            out.append(f"job `{e.job}`: {max(e.host, e.host_resume) / GIB:.0f} GiB of host memory {when} its models "
+                       f"load (each of {e.gpus} processes reads one whole) > resources.{e.kind}.mem_mb "
+                       f"({limit / GIB:.0f} GiB); change: a higher resources.{e.kind}.mem_mb")
     return out
 
 
@@ -399,9 +404,13 @@ def table(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
         hours = "-" if e.hours is None else _span(e.hours, e.hours_high, ".1f")
         gpu_hours = "-" if e.hours is None else _span(e.hours * e.gpus, (e.hours_high or 0) * e.gpus or None, ".0f")
         lines.append(f"| {e.job} | {e.gpus} | " + " | ".join(cells) + f" | {e.peak_phase} "
-                     f"({e.phases.get(e.peak_phase, 0.0) / GIB:.1f}) | {e.peak / GIB:.1f} | {fits} | {e.host / GIB:.0f} | {hours} "
+                     f"({e.phases.get(e.peak_phase, 0.0) / GIB:.1f}) | {e.peak / GIB:.1f} | {fits} | {_host(e)} | {hours} "
                      f"| {gpu_hours} | {_rows_at_once(e)} |")
     return "\n".join(lines)
+
+
+def _host(e: JobEstimate) -> str:
+    return f"{e.host / GIB:.0f}" + (f", {e.host_resume / GIB:.0f}" if e.host_resume > e.host else "")
 
 
 def _span(low: float, high: float | None, fmt: str) -> str:

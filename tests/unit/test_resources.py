@@ -183,3 +183,22 @@ def test_gpu_hours_are_a_range_with_sampling_bound_by_decode(paper):
     shorter = compose(["profile=paper", "resources.base.runtime=240"])
     notes = resources.summary(shorter, resources.estimate_jobs(shorter, build_plan(shorter)))
     assert "note: job `base-qwen3_32b` may outlive resources.base.runtime (4 h)" in notes
+
+
+def test_host_memory_on_resume_holds_the_trainer_state_while_the_models_load(paper):
+    """A resumed run's processes each read the checkpoint's full optimizer state (Adam: 8 bytes per parameter)
+    before the models load: S1's 32B-teacher OPD reads 488 GiB per node at a fresh start, 728 on resume, so a
+    node of 600 GB fits the start and not the resume, and the refusal says so."""
+    from opdgrpo.memory_model import ADAM_STATE_BYTES
+
+    cfg, plan = paper
+    estimates = {e.job: e for e in resources.estimate_jobs(cfg, plan)}
+    opd = estimates["opd-qwen3_32b-code-s0"]
+    student = estimates["grpo-student-code-s0"]
+    assert opd.host_resume - opd.host == pytest.approx(student.host_resume - student.host)
+    assert opd.host_resume - opd.host == pytest.approx(8 * ADAM_STATE_BYTES * student.host / (8 * 4))
+    assert round(opd.host / GIB) == 488 and round(opd.host_resume / GIB) == 728
+    assert "| 488, 728 |" in resources.summary(cfg, list(estimates.values()))
+    tight = compose(["profile=paper", "resources.train.mem_mb=600000"])
+    problems = resources.unfit(tight, resources.estimate_jobs(tight, build_plan(tight)))
+    assert any("opd-qwen3_32b-code-s0`: 728 GiB of host memory on resume" in p for p in problems)
