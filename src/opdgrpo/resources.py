@@ -133,7 +133,8 @@ def _train_static(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape,
                   world: int) -> tuple[dict[str, float], int]:
     """Weights, gradients, optimizer state and teachers per device; and the residual stream's bytes."""
     t = rc["train"]
-    sharded = str(t.get("distributed", "none")) == "fsdp" and world > 1
+    strategy = str(t.get("distributed") or "ddp")   # the trainer's default (opdgrpo.distributed.Workers.from_config)
+    sharded = strategy == "fsdp" and world > 1
     shards = world if sharded else 1
     master = _bytes(t.get("param_dtype"))
     compute = _compute_bytes(t)
@@ -146,7 +147,7 @@ def _train_static(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape,
     replica = n if str(t.get("engine") or "hf") != "vllm" else 0
     static = {"weights": master * n / shards + (gathered * (unit + replica) if sharded else 0.0),
               # DDP keeps its reduction buckets beside the gradients (gradient_as_bucket_view off)
-              "gradients": master * n / shards * (2 if str(t.get("distributed")) == "ddp" and world > 1 else 1)
+              "gradients": master * n / shards * (2 if strategy == "ddp" and world > 1 else 1)
               + (gathered * 2 * layer_params(student) if sharded else 0.0),
               "optimizer": ADAM_STATE_BYTES * n / shards}
     frozen = [(s, _bytes(t.get("teacher_dtype"))) for s in teachers]

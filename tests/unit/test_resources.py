@@ -202,3 +202,16 @@ def test_host_memory_on_resume_holds_the_trainer_state_while_the_models_load(pap
     tight = compose(["profile=paper", "resources.train.mem_mb=600000"])
     problems = resources.unfit(tight, resources.estimate_jobs(tight, build_plan(tight)))
     assert any("opd-qwen3_32b-code-s0`: 728 GiB of host memory on resume" in p for p in problems)
+
+
+def test_an_unset_distributed_key_is_planned_as_the_trainer_runs_it(paper):
+    """The trainer runs DDP where `train.distributed` is unset; the planner used to read the raw key and leave DDP's
+    gradient buckets out there."""
+    cfg, plan = paper
+    job = plan.jobs["grpo-student-math-s0"]
+    unset = {k: v for k, v in job.config["train"].items() if k not in ("distributed", "fsdp")}
+    ddp = dict(job.config["train"], distributed="ddp")
+    ddp.pop("fsdp", None)
+    estimate = [resources.train_estimate(cfg, type(job)(**{**job.__dict__, "config": dict(job.config, train=t)}),
+                                         plan.jobs, None) for t in (unset, ddp)]
+    assert estimate[0].static == estimate[1].static
