@@ -238,14 +238,39 @@ def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw
     est.host_resume = est.host + world * ADAM_STATE_BYTES * params(student)
     if hw:
         rollout, rest = _train_hours(cfg, job, jobs, hw, world, bool(rc["train"].get("activation_checkpointing")))
-        est.hours = rollout + rest
-        if engine is not None and hw.memory_tbps:   # every step's rollouts: one call per GPU, in waves
-            new = int(t["max_new_tokens"])
-            mean = max(lengths_for(cost_block(cfg), d, new).response for d in rc["train_domains"])
-            waves = int(rc["method"]["steps"]) * decode_seconds(engine, _shard_rows(rc, world), new, mean,
-                                                                 hw.memory_tbps) / 3600
-            est.hours_high = max(rollout, waves) + rest
+        new = int(t["max_new_tokens"])
+        mean = max(lengths_for(cost_block(cfg), d, new).response for d in rc["train_domains"])
+        evals, eval_rows, unsized = _evaluations(rc)
+        if unsized:
+            est.notes.append(f"evaluation of {', '.join(unsized)} not counted (no size or planned_size)")
+        prompt = max(lengths_for(cost_block(cfg), d, new).prompt for d in rc["eval_domains"] or rc["train_domains"])
+        evaluation = (evals * 2 * params(student) * eval_rows * (prompt + mean)
+                      / (world * hw.bf16_tflops * 1e12 * hw.sampling_mfu) / 3600)
+        est.hours = rollout + rest + evaluation
+        if engine is not None and hw.memory_tbps:   # rollouts: one call per GPU a step; evaluation: a share each
+            steps = int(rc["method"]["steps"])
+            waves = steps * decode_seconds(engine, _shard_rows(rc, world), new, mean, hw.memory_tbps) / 3600
+            eval_waves = evals * decode_seconds(engine, math.ceil(eval_rows / world), new, mean, hw.memory_tbps) / 3600
+            est.hours_high = max(rollout, waves) + rest + max(evaluation, eval_waves)
     return est
+
+
+def _evaluations(rc: Mapping[str, Any]) -> tuple[int, int, list[str]]:
+    """(evaluations a run makes, rows each samples, the held-out sets without a size to count): every
+    ``eval_every`` steps from step 0, and the final one; each set's prompts (``size``, else ``planned_size``)
+    times its ``k``."""
+    t = rc["train"]
+    steps, every = int(rc["method"]["steps"]), int(t.get("eval_every") or 0)
+    evals = (math.ceil(steps / every) if every else 0) + 1
+    k, rows, unsized = int((t.get("eval") or {}).get("k") or 1), 0, []
+    for d in rc["eval_domains"]:
+        for name, spec in (rc["domains"][d].get("heldout") or {}).items():
+            size = spec.get("size") or spec.get("planned_size")
+            if size is None:
+                unsized.append(f"{d}.{name}")
+                continue
+            rows += int(size) * int(spec.get("k") or k)
+    return evals, rows, unsized
 
 
 def _train_hours(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw: Hardware, world: int,
@@ -460,7 +485,7 @@ def summary(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
                  + (f"; the high end bounds sampling by decode waves at {hw.memory_tbps:g} TB/s (continuous "
                     "batching of 'vLLM rows at once' rows; a step reads the weights and their KV cache; at least the "
                     "longest row's steps)" if hw.memory_tbps else "")
-                 + "; evaluation time not counted in training jobs")
+                 + "; training jobs' hours include their held-out evaluations")
     low = sum((e.hours or 0.0) * e.gpus for e in estimates)
     high = sum((e.hours_high or e.hours or 0.0) * e.gpus for e in estimates)
     total = (f"{low:,.0f}" if round(high) == round(low) else f"{low:,.0f}-{high:,.0f}")
@@ -468,7 +493,8 @@ def summary(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
     return (f"# Estimated peak GPU memory per device and wall time: profile `{cfg.get('profile')}`, "
             f"{len(estimates)} GPU jobs\n\n{where}\n\n{table(cfg, estimates)}\n\n"
             + (f"Total: {total} GPU-hours ({node} hours of one 8-GPU node)\n" if hw else "")
-            + "".join(f"note: {line}\n" for line in _over_runtime(cfg, estimates)))
+            + "".join(f"note: {line}\n" for line in _over_runtime(cfg, estimates))
+            + "".join(f"note: job `{e.job}`: {line}\n" for e in estimates for line in e.notes))
 
 
 def _over_runtime(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[str]:

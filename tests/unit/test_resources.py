@@ -171,7 +171,9 @@ def test_gpu_hours_are_a_range_with_sampling_bound_by_decode(paper):
     assert all(e.hours_high is not None and e.hours_high >= e.hours for e in estimates.values())
     assert estimates["base-qwen3_32b"].hours_high > 1.5 * estimates["base-qwen3_32b"].hours   # two rows at a time
     text = resources.summary(cfg, list(estimates.values()))
-    assert "Total: 854-" in text and "decode" in text and "note:" not in text
+    low = sum(e.hours * e.gpus for e in estimates.values())
+    high = sum(e.hours_high * e.gpus for e in estimates.values())
+    assert f"Total: {low:,.0f}-{high:,.0f} GPU-hours" in text and "decode" in text
     no_bandwidth = compose(["profile=paper", "~hardware.memory_tbps"])
     assert all(e.hours_high is None for e in resources.estimate_jobs(no_bandwidth, build_plan(no_bandwidth)))
     # the bound itself: one row at a time of 1000 tokens reading 1 GB each step at 1 TB/s is 1 s; the longest row
@@ -215,3 +217,24 @@ def test_an_unset_distributed_key_is_planned_as_the_trainer_runs_it(paper):
     estimate = [resources.train_estimate(cfg, type(job)(**{**job.__dict__, "config": dict(job.config, train=t)}),
                                          plan.jobs, None) for t in (unset, ddp)]
     assert estimate[0].static == estimate[1].static
+
+
+def test_training_jobs_hours_count_their_evaluations(paper):
+    """S5's joint GRPO evaluates four held-out domains (MMLU-Pro's 12,032 questions among them, `planned_size`) at
+    step 0, every 10 steps and at the end: most of its time. Evaluating only at the end takes it off; a held-out set
+    with neither `size` nor `planned_size` is named as not counted."""
+    cfg, plan = paper
+    job = plan.jobs["grpo-student-math+code+ifeval+knowledge-s0"]
+    hw = resources.Hardware.of(cfg)
+    every = resources.train_estimate(cfg, job, plan.jobs, hw)
+    evals, rows, unsized = resources._evaluations(job.config)
+    assert evals == 640 // 10 + 1 and rows == 30 * 16 * 2 + 40 * 4 + 175 * 4 + 541 + 12032 and unsized == []
+    once_cfg = dict(job.config, train=dict(job.config["train"], eval_every=10_000))
+    once = resources.train_estimate(cfg, type(job)(**{**job.__dict__, "config": once_cfg}), plan.jobs, hw)
+    assert every.hours > 2 * once.hours and every.hours_high > once.hours_high
+    domains = {**job.config["domains"]}
+    domains["knowledge"] = dict(domains["knowledge"], heldout={"mmlu_pro": dict(domains["knowledge"]["heldout"]["mmlu_pro"],
+                                                                                planned_size=None)})
+    blind = resources.train_estimate(cfg, type(job)(**{**job.__dict__, "config": dict(job.config, domains=domains)}),
+                                     plan.jobs, hw)
+    assert blind.notes == ["evaluation of knowledge.mmlu_pro not counted (no size or planned_size)"]
