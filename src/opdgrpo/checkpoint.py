@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from . import faults
+from .job_identity import RUNTIME_KEYS
 
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "manifest.json"
@@ -37,12 +38,8 @@ def config_hash(cfg: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-#: Keys of ``train`` that change no step of a run: what happens after a non-finite step (a run stopped by one is the
-#: same run under either setting up to that step: switching to ``skip`` after a stop resumes the run instead of
-#: starting it over), where its numbers are also sent (``report_to``) and whether activations are recomputed in the
-#: backward (``activation_checkpointing``: the same arithmetic, tests/integration/test_fsdp.py). They stay out of the
-#: run's identity.
-NOT_IDENTITY_KEYS = ("nonfinite", "max_nonfinite_skips", "report_to", "activation_checkpointing")
+#: Keys of ``train`` that change no step of a run (:mod:`opdgrpo.job_identity` says why): out of the run's identity.
+NOT_IDENTITY_KEYS = RUNTIME_KEYS
 
 
 def upstream_fingerprint(cfg: dict[str, Any]) -> dict[str, str]:

@@ -15,9 +15,11 @@ from typing import Sequence
 
 
 def _job_config(args) -> dict:
-    if args.config_json:
-        return json.loads(args.config_json)
-    return json.loads(Path(args.config_file).read_text())
+    """The job's config, with the runtime keys the rules pass beside it (:mod:`opdgrpo.job_identity`)."""
+    from .job_identity import with_runtime
+
+    cfg = json.loads(args.config_json) if args.config_json else json.loads(Path(args.config_file).read_text())
+    return with_runtime(cfg)
 
 
 def _add_job_args(parser: argparse.ArgumentParser) -> None:

@@ -30,7 +30,10 @@ def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
 #: The dry runs the tests below read, by name: `snakemake -n` with these --config values against the finished DAG.
 DRY_RUNS = {"unchanged": ("profile=smoke",),
             "opd_top_k": ("profile=smoke", "overrides=[methods.opd.top_k=8]"),
-            "grpo_clip_eps": ("profile=smoke", "overrides=[methods.grpo.clip_eps=0.3]")}
+            "grpo_clip_eps": ("profile=smoke", "overrides=[methods.grpo.clip_eps=0.3]"),
+            # keys that change no result (opdgrpo.job_identity): a finished DAG stays finished
+            "runtime_keys": ("profile=smoke", "overrides=[train.nonfinite=skip,train.max_nonfinite_skips=5,"
+                                              "+train.activation_checkpointing=true]")}
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +104,13 @@ def test_savings_cli_on_the_smoke_curves(smoke_dag):
 def test_nothing_to_do_after_a_complete_run(dry_runs):
     dry = dry_runs["unchanged"]
     assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr
+
+
+def test_keys_that_change_no_result_rerun_nothing(dry_runs):
+    """Switching the non-finite policy or activation recomputation (or tracking: tests/unit/test_job_identity.py)
+    leaves a finished DAG finished; a result-changing key reruns (the two tests below)."""
+    dry = dry_runs["runtime_keys"]
+    assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-2000:]
 
 
 @pytest.mark.slow

@@ -17,8 +17,18 @@ def id_pattern(ids):
 
 
 def job_config(job_id):
-    """The job's resolved config, canonical JSON: Snakemake reruns the job when it changes."""
-    return json.dumps(PLAN.jobs[job_id].config, sort_keys=True)
+    """The job's resolved config less the keys that change no result, canonical JSON: Snakemake reruns the job
+    when it changes. The others reach every job through one environment variable (opdgrpo.job_identity)."""
+    return json.dumps(job_identity.identity(PLAN.jobs[job_id].config), sort_keys=True)
+
+
+from opdgrpo import job_identity
+
+# Snakemake's own prefix (bash strict mode) kept; braces doubled, as Snakemake formats the prefix like a command.
+_RUNTIME = shlex.quote(json.dumps(job_identity.runtime(j.config for j in PLAN.jobs.values()), sort_keys=True))
+shell.prefix(
+    "set -euo pipefail; export " + job_identity.ENV + "=" + _RUNTIME.replace("{", "{{").replace("}", "}}") + "; "
+)
 
 
 def upstream_done(job_id):

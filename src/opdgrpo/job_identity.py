@@ -1,0 +1,54 @@
+"""A job's identity is what changes its result: the keys that only change how it runs travel beside its config.
+
+Snakemake reruns a job when its params change, and a job's params are its resolved config. Four ``train`` keys
+change no step of a run: what happens after a non-finite step (a run stopped by one is the same run under either
+setting up to that step), where its numbers are also sent (``report_to``), and whether activations are recomputed
+in the backward (``activation_checkpointing``: the same arithmetic, tests/integration/test_fsdp.py). They leave the
+config the rules hash (so turning tracking on does not rerun a finished DAG) and reach each job through one
+environment variable that the rules export and :func:`with_runtime` reads back. A resumed checkpoint is matched
+without them too (:func:`opdgrpo.checkpoint.run_identity`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, Mapping
+
+#: ``train`` keys that change how a job runs, not what it computes.
+RUNTIME_KEYS = ("nonfinite", "max_nonfinite_skips", "report_to", "activation_checkpointing")
+#: The environment variable that carries them to the jobs, as JSON.
+ENV = "OPDGRPO_TRAIN_RUNTIME"
+
+
+def identity(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``cfg`` without the runtime keys (what Snakemake hashes as the job's params)."""
+    if not isinstance(cfg.get("train"), Mapping):
+        return dict(cfg)
+    return {**cfg, "train": {k: v for k, v in cfg["train"].items() if k not in RUNTIME_KEYS}}
+
+
+def runtime(configs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The runtime keys the jobs share, one value each; a job that sets another value is an error naming the key
+    (one variable serves every job)."""
+    out: dict[str, Any] = {}
+    for cfg in configs:
+        for key in RUNTIME_KEYS:
+            if key not in (cfg.get("train") or {}):
+                continue
+            value = cfg["train"][key]
+            if key in out and out[key] != value:
+                raise ValueError(f"config key `train.{key}` differs between jobs ({out[key]!r}, {value!r}): it does "
+                                 "not change a job's result, so all jobs share one value")
+            out[key] = value
+    return out
+
+
+def with_runtime(cfg: dict[str, Any], environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """``cfg`` with the runtime keys from :data:`ENV` where it lacks them (a job started by the rules); a config
+    that has them (a job started by hand) keeps its own."""
+    if ENV not in environ or not isinstance(cfg.get("train"), dict):
+        return cfg
+    extra = json.loads(environ[ENV])
+    cfg["train"] = {**{k: v for k, v in extra.items() if k in RUNTIME_KEYS}, **cfg["train"]}
+    return cfg

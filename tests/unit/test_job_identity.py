@@ -1,0 +1,38 @@
+"""A job's identity is what changes its result: the runtime keys leave the config Snakemake hashes and reach the
+job through one environment variable (the finished-DAG side: tests/e2e/test_pipeline.py's dry runs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from opdgrpo import checkpoint, job_identity
+from opdgrpo.config import compose
+from opdgrpo.plan import build_plan
+
+
+def test_the_rules_hash_no_runtime_key_and_the_job_gets_them_back():
+    cfg = compose(["profile=smoke", "train.nonfinite=skip", "+train.report_to=[tensorboard]"])
+    job = build_plan(cfg).jobs["grpo-student-math-s0"]
+    hashed = job_identity.identity(job.config)
+    assert not set(job_identity.RUNTIME_KEYS) & set(hashed["train"])
+    assert hashed["method"] == job.config["method"] and hashed["train"]["max_new_tokens"] == job.config["train"]["max_new_tokens"]
+    shared = job_identity.runtime(j.config for j in build_plan(cfg).jobs.values())
+    assert shared == {"nonfinite": "skip", "max_nonfinite_skips": 3, "report_to": ["tensorboard"]}
+    back = job_identity.with_runtime(json.loads(json.dumps(hashed)), {job_identity.ENV: json.dumps(shared)})
+    assert back["train"] == job.config["train"]
+    # the resume check hashes the same way: a checkpoint stays resumable when only these change
+    assert checkpoint.NOT_IDENTITY_KEYS == job_identity.RUNTIME_KEYS
+
+
+def test_a_config_started_by_hand_keeps_its_own_runtime_keys():
+    cfg = {"train": {"nonfinite": "stop", "lr": 1}}
+    assert job_identity.with_runtime(dict(cfg), {job_identity.ENV: json.dumps({"nonfinite": "skip"})})["train"] == \
+        {"nonfinite": "stop", "lr": 1}
+    assert job_identity.with_runtime({"train": {"lr": 1}}, {})["train"] == {"lr": 1}   # no variable: as given
+
+
+def test_jobs_that_disagree_on_a_runtime_key_name_it():
+    with pytest.raises(ValueError, match=r"`train.nonfinite` differs between jobs"):
+        job_identity.runtime([{"train": {"nonfinite": "stop"}}, {"train": {"nonfinite": "skip"}}])
