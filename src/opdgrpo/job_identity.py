@@ -21,11 +21,34 @@ RUNTIME_KEYS = ("nonfinite", "max_nonfinite_skips", "report_to", "activation_che
 ENV = "OPDGRPO_TRAIN_RUNTIME"
 
 
+#: Keys of a data set block (``domains.<d>.train``, ``domains.<d>.heldout.<set>``) that only the planner reads.
+PLANNER_KEYS = ("planned_size",)
+
+
 def identity(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """``cfg`` without the runtime keys (what Snakemake hashes as the job's params)."""
-    if not isinstance(cfg.get("train"), Mapping):
-        return dict(cfg)
-    return {**cfg, "train": {k: v for k, v in cfg["train"].items() if k not in RUNTIME_KEYS}}
+    """``cfg`` without the runtime keys and the planner-only keys (what Snakemake hashes as the job's params; no job
+    reads the planner's keys, so they are dropped, not passed)."""
+    out = dict(cfg)
+    if isinstance(cfg.get("train"), Mapping):
+        out["train"] = {k: v for k, v in cfg["train"].items() if k not in RUNTIME_KEYS}
+    if isinstance(cfg.get("domains"), Mapping):
+        out["domains"] = {name: _without_planner_keys(d) for name, d in cfg["domains"].items()}
+    return out
+
+
+def _strip(spec: Any) -> Any:
+    return {k: v for k, v in spec.items() if k not in PLANNER_KEYS} if isinstance(spec, Mapping) else spec
+
+
+def _without_planner_keys(domain: Any) -> Any:
+    if not isinstance(domain, Mapping):
+        return domain
+    out = dict(domain)
+    if "train" in out:
+        out["train"] = _strip(out["train"])
+    if isinstance(out.get("heldout"), Mapping):
+        out["heldout"] = {name: _strip(spec) for name, spec in out["heldout"].items()}
+    return out
 
 
 def runtime(configs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:

@@ -36,3 +36,12 @@ def test_a_config_started_by_hand_keeps_its_own_runtime_keys():
 def test_jobs_that_disagree_on_a_runtime_key_name_it():
     with pytest.raises(ValueError, match=r"`train.nonfinite` differs between jobs"):
         job_identity.runtime([{"train": {"nonfinite": "stop"}}, {"train": {"nonfinite": "skip"}}])
+
+
+def test_the_planners_split_sizes_are_no_part_of_a_jobs_params():
+    cfg = compose(["profile=paper"])
+    job = build_plan(cfg).jobs["grpo-student-knowledge-s0"]
+    assert job.config["domains"]["knowledge"]["heldout"]["mmlu_pro"]["planned_size"] == 12032
+    hashed = job_identity.identity(job.config)
+    assert "planned_size" not in hashed["domains"]["knowledge"]["heldout"]["mmlu_pro"]
+    assert hashed["domains"]["knowledge"]["heldout"]["mmlu_pro"]["k"] == 1
