@@ -42,6 +42,10 @@ ADVICE = {
                   "{settings}.gpu_memory_utilization",
 }
 
+#: Seconds per GB of a checkpoint save: written once and read back for its sha256 manifest (ours, an assumption of
+#: 1 GB/s each way on a cluster's shared filesystem; the job log prints each save's seconds).
+CHECKPOINT_S_PER_GB = 2.0
+
 #: vLLM's own default share of a GPU (``gpu_memory_utilization``).
 VLLM_DEFAULT_SHARE = 0.9
 
@@ -87,6 +91,7 @@ class JobEstimate:
     hours_high: float | None = None                # sampling bound by decode waves (hardware.memory_tbps)
     host: float = 0.0                              # bytes of host memory per node while the models load
     host_resume: float = 0.0                       # the same on resume: the trainer state is held while they load
+    signal_lead_s: float | None = None             # training jobs: a step, an evaluation and a checkpoint save
     engine: EngineStart | None = None              # vLLM's start-up memory (engine jobs on a device with hardware)
     engine_key: str = "train.vllm"                 # the settings block that engine reads
     trainer_at_start: float = 0.0                  # what a colocated trainer holds when its engine starts
@@ -247,11 +252,16 @@ def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw
         evaluation = (evals * 2 * params(student) * eval_rows * (prompt + mean)
                       / (world * hw.bf16_tflops * 1e12 * hw.sampling_mfu) / 3600)
         est.hours = rollout + rest + evaluation
+        steps = max(1, int(rc["method"]["steps"]))
+        step_h, eval_h = (rollout + rest) / steps, evaluation / evals
         if engine is not None and hw.memory_tbps:   # rollouts: one call per GPU a step; evaluation: a share each
-            steps = int(rc["method"]["steps"])
             waves = steps * decode_seconds(engine, _shard_rows(rc, world), new, mean, hw.memory_tbps) / 3600
             eval_waves = evals * decode_seconds(engine, math.ceil(eval_rows / world), new, mean, hw.memory_tbps) / 3600
             est.hours_high = max(rollout, waves) + rest + max(evaluation, eval_waves)
+            step_h, eval_h = (max(rollout, waves) + rest) / steps, max(evaluation, eval_waves) / evals
+        # SLURM's warning must leave time to finish the step under way (an evaluation may come with it) and save a
+        # checkpoint: the full weights and Adam's state (fp32, 12 bytes a parameter) gathered, written and hashed
+        est.signal_lead_s = 3600 * (step_h + eval_h) + CHECKPOINT_S_PER_GB * 12 * params(student) / 1e9
     return est
 
 
@@ -493,8 +503,21 @@ def summary(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
     return (f"# Estimated peak GPU memory per device and wall time: profile `{cfg.get('profile')}`, "
             f"{len(estimates)} GPU jobs\n\n{where}\n\n{table(cfg, estimates)}\n\n"
             + (f"Total: {total} GPU-hours ({node} hours of one 8-GPU node)\n" if hw else "")
+            + _signal_lead(estimates)
             + "".join(f"note: {line}\n" for line in _over_runtime(cfg, estimates))
             + "".join(f"note: job `{e.job}`: {line}\n" for e in estimates for line in e.notes))
+
+
+def _signal_lead(estimates: Sequence[JobEstimate]) -> str:
+    """The SLURM warning a training job needs (``--signal=TERM@<s>`` in workflow/profiles/slurm): the longest of a
+    step with an evaluation plus a checkpoint save, over the training jobs (high-end times)."""
+    leads = [e for e in estimates if e.signal_lead_s]
+    if not leads:
+        return ""
+    worst = max(leads, key=lambda e: e.signal_lead_s)
+    return (f"SLURM warning lead: at least {math.ceil(worst.signal_lead_s / 60)} minutes for `{worst.job}` (a step "
+            "with an evaluation, then a checkpoint save); set `--signal=TERM@<seconds>` in workflow/profiles/slurm "
+            "(it ships 120 s, for the CPU profiles)\n")
 
 
 def _over_runtime(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[str]:

@@ -4,6 +4,7 @@ with the knob to change, by the command and by the Snakefile's check; a profile 
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import pytest
 
@@ -238,3 +239,17 @@ def test_training_jobs_hours_count_their_evaluations(paper):
     blind = resources.train_estimate(cfg, type(job)(**{**job.__dict__, "config": dict(job.config, domains=domains)}),
                                      plan.jobs, hw)
     assert blind.notes == ["evaluation of knowledge.mmlu_pro not counted (no size or planned_size)"]
+
+
+def test_the_slurm_warning_lead_covers_a_step_an_evaluation_and_a_checkpoint(paper):
+    """The paper's training jobs need far more than the SLURM profile's 120 s: S5's runs evaluate MMLU-Pro's 12,032
+    questions, and the warning may come just before an evaluation; each lead is a step, an evaluation and a save."""
+    cfg, plan = paper
+    estimates = resources.estimate_jobs(cfg, plan)
+    leads = {e.job: e.signal_lead_s for e in estimates if e.kind == "train"}
+    assert all(lead and lead > resources.CHECKPOINT_S_PER_GB * 12 * 4.0 for lead in leads.values())   # >= a 4B save
+    worst = max(leads, key=leads.get)
+    assert "ifeval+knowledge" in worst and leads[worst] > 20 * 60
+    assert f"SLURM warning lead: at least {math.ceil(leads[worst] / 60)} minutes for `{worst}`" in \
+        resources.summary(cfg, estimates)
+    assert all(e.signal_lead_s is None for e in estimates if e.kind != "train")
