@@ -2,7 +2,8 @@
 
 ``OPDGRPO_FAULT`` holds comma-separated ``<point>:<step>`` items, e.g. ``OPDGRPO_FAULT=checkpoint_write:4`` or
 ``OPDGRPO_FAULT=nan_loss:1,nan_loss:2``. Kill points (:func:`kill_point`) SIGKILL the process, as an OOM killer or a
-preempted node would: ``rollout``, ``update``, ``eval``, ``checkpoint_write``, ``checkpoint_rename``. Poison points
+preempted node would: ``rollout``, ``update``, ``eval``, ``checkpoint_write``, ``checkpoint_rename``; ``term_eval``
+(:func:`signal_point`) sends SIGTERM during an evaluation, as SLURM's warning would. Poison points
 (:func:`poison`) are asked by the trainer whether to put a NaN into a tensor: ``nan_loss``, ``nan_logits``,
 ``nan_teacher``, ``nan_reference``, ``nan_reward``. ``step`` is the training step (for checkpoints: the step the
 checkpoint records; for ``eval``: the step the eval is logged at). ``pace:<seconds>`` (:func:`pace`) makes every
@@ -33,6 +34,13 @@ def kill_point(point: str, step: int) -> None:
     """SIGKILL this process if the fault is armed: no handler, no cleanup, no flush, exactly like ``kill -9``."""
     if armed(point, step):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def signal_point(point: str, step: int) -> None:
+    """SIGTERM this process if the fault is armed (``term_eval``: SLURM's warning during an evaluation); the trainer's
+    handler notes it, as it would the real one."""
+    if armed(point, step):
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def poison(point: str, step: int) -> bool:

@@ -259,9 +259,10 @@ def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw
             eval_waves = evals * decode_seconds(engine, math.ceil(eval_rows / world), new, mean, hw.memory_tbps) / 3600
             est.hours_high = max(rollout, waves) + rest + max(evaluation, eval_waves)
             step_h, eval_h = (max(rollout, waves) + rest) / steps, max(evaluation, eval_waves) / evals
-        # SLURM's warning must leave time to finish the step under way (an evaluation may come with it) and save a
-        # checkpoint: the full weights and Adam's state (fp32, 12 bytes a parameter) gathered, written and hashed
-        est.signal_lead_s = 3600 * (step_h + eval_h) + CHECKPOINT_S_PER_GB * 12 * params(student) / 1e9
+        # SLURM's warning must leave time to finish the step or the evaluation under way (the trainer stops between
+        # them: train._stop_before) and save a checkpoint: the full weights and Adam's state (fp32, 12 bytes a
+        # parameter) gathered, written and hashed
+        est.signal_lead_s = 3600 * max(step_h, eval_h) + CHECKPOINT_S_PER_GB * 12 * params(student) / 1e9
     return est
 
 
@@ -509,14 +510,14 @@ def summary(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
 
 
 def _signal_lead(estimates: Sequence[JobEstimate]) -> str:
-    """The SLURM warning a training job needs (``--signal=TERM@<s>`` in workflow/profiles/slurm): the longest of a
-    step with an evaluation plus a checkpoint save, over the training jobs (high-end times)."""
+    """The SLURM warning a training job needs (``--signal=TERM@<s>`` in workflow/profiles/slurm): the longer of a
+    step and an evaluation, plus a checkpoint save, over the training jobs (high-end times)."""
     leads = [e for e in estimates if e.signal_lead_s]
     if not leads:
         return ""
     worst = max(leads, key=lambda e: e.signal_lead_s)
-    return (f"SLURM warning lead: at least {math.ceil(worst.signal_lead_s / 60)} minutes for `{worst.job}` (a step "
-            "with an evaluation, then a checkpoint save); set `--signal=TERM@<seconds>` in workflow/profiles/slurm "
+    return (f"SLURM warning lead: at least {math.ceil(worst.signal_lead_s / 60)} minutes for `{worst.job}` (a step or "
+            "an evaluation, then a checkpoint save); set `--signal=TERM@<seconds>` in workflow/profiles/slurm "
             "(it ships 120 s, for the CPU profiles)\n")
 
 

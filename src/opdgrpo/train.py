@@ -202,6 +202,8 @@ def _loop(run: Run, stop: dict[str, Any]) -> dict[str, Any]:
     for step in range(run.start, every["steps"]):
         if step % every["eval_every"] == 0:
             _evaluate(run, step)
+            if step > run.start and run.workers.any(stop["signal"] is not None):
+                _stop_before(run, step, stop)   # the warning came during the evaluation: no step after it
         t0 = time.time()
         stats = _step(run, step).all_reduce(run.workers)
         faults.pace(t0)
@@ -221,6 +223,16 @@ def _loop(run: Run, stop: dict[str, Any]) -> dict[str, Any]:
     final = _evaluate(run, every["steps"])
     _checkpoint(run, every["steps"])
     return final
+
+
+def _stop_before(run: Run, step: int, stop: dict[str, Any]) -> None:
+    """Stop at the start of ``step``: checkpoint the state after ``step`` updates unless the last periodic checkpoint
+    holds it. So SLURM's warning needs to cover an evaluation or a step, not both; the attempt made progress
+    (``step > run.start``), and the next one redoes this evaluation (it resumes at ``step``)."""
+    if step % run.settings["checkpoint_every"] != 0:
+        _checkpoint(run, step)
+    raise Interrupted(f"run {run.cfg['run_id']}: signal {stop['signal']} during the evaluation at step {step}; "
+                      "checkpoint saved, rerun to resume")
 
 
 def _step(run: Run, step: int) -> StepStats:
@@ -474,6 +486,7 @@ def _evaluate(run: Run, step: int) -> dict[str, Any]:
                                        workers=run.workers, max_batch_tokens=ev.get("max_batch_tokens"),
                                        engine=run.engine)
     faults.kill_point("eval", step)
+    faults.signal_point("term_eval", step)
     record = {"step": step, "cumulative_flops": run.cumulative, "eval_flops": eval_flops, "results": results}
     if run.main:
         append_jsonl(run.evals, record)

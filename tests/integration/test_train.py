@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
 from opdgrpo import flops as F
@@ -152,6 +153,30 @@ def test_sigterm_checkpoints_and_a_rerun_resumes(smoke_world, tmp_path):
     assert _train_subprocess(cfg, run_dir).wait() == 0
     steps = [r["step"] for r in read_jsonl(run_dir / "ledger.jsonl")]
     assert steps == list(range(40)) and stopped_at < 40
+
+
+def test_a_signal_during_an_evaluation_stops_before_the_next_step(smoke_world, tmp_path, monkeypatch):
+    """SLURM's warning during the evaluation at step 2 (fault ``term_eval:2``): the run checkpoints the state after
+    2 updates (no periodic checkpoint holds it) and stops without training step 2, so the warning's lead needs to
+    cover an evaluation or a step, not both; the rerun redoes that evaluation and ends as an uninterrupted run."""
+    from opdgrpo.train import Interrupted
+
+    _, plan = smoke_world
+    cfg = _config(plan, "grpo-student-math-s0", tmp_path, steps=5)
+    cfg["train"] = dict(cfg["train"], checkpoint_every=3, eval_every=2)
+    train(copy.deepcopy(cfg), tmp_path / "whole")
+    run_dir = tmp_path / "warned"
+    monkeypatch.setenv("OPDGRPO_FAULT", "term_eval:2")
+    with pytest.raises(Interrupted, match="during the evaluation at step 2"):
+        train(copy.deepcopy(cfg), run_dir)
+    assert [r["step"] for r in read_jsonl(run_dir / "ledger.jsonl")] == [0, 1]
+    assert torch.load(run_dir / "checkpoint" / "trainer_state.pt", weights_only=False)["step"] == 2
+    monkeypatch.delenv("OPDGRPO_FAULT")
+    train(copy.deepcopy(cfg), run_dir)
+    got, want = (read_jsonl(d / "ledger.jsonl") for d in (run_dir, tmp_path / "whole"))
+    assert [(r["step"], r["reward"], r["loss"], r["cumulative_flops"]) for r in got] == \
+        [(r["step"], r["reward"], r["loss"], r["cumulative_flops"]) for r in want]
+    assert [e["step"] for e in read_jsonl(run_dir / "evals.jsonl")] == [0, 2, 4, 5]
 
 
 def test_a_signal_while_the_models_load_stops_after_one_checkpointed_step(smoke_world, tmp_path, monkeypatch):
