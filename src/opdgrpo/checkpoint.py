@@ -180,19 +180,6 @@ def resume_point(run_dir: Path) -> tuple[Path | None, dict[str, Any] | None]:
     return None, None
 
 
-def find_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint that matches its manifest (see :func:`resume_point`), without loading it."""
-    for name in CANDIDATES:
-        path = run_dir / name
-        if path.is_dir():
-            try:
-                verify_checkpoint(path)
-                return path
-            except CorruptCheckpoint as err:
-                log.warning("%s: invalid checkpoint: %s", path, err)
-    return None
-
-
 def restore_rng(state: dict[str, Any]) -> None:
     """Put the global RNGs back as they were at the checkpoint (only when it is resumed)."""
     torch.set_rng_state(state["rng"]["torch"])

@@ -164,9 +164,10 @@ class Planner:
         job = self.base(name) if kind == "base" else self.jobs[name]
         return {"from": ref, "path": f"{job.out_dir}/checkpoint"}, job.id
 
-    def run(self, run_id: str, study: str, method: str, domains: list[str], seed: int, student: str,
-            teachers: dict[str, str] | None = None, method_overrides: dict[str, Any] | None = None, label: str = "",
-            train_overrides: dict[str, Any] | None = None, subset: tuple[Job, dict[str, Any]] | None = None) -> Job:
+    def add_run(self, run_id: str, study: str, method: str, domains: list[str], seed: int, student: str,
+                teachers: dict[str, str] | None = None, method_overrides: dict[str, Any] | None = None,
+                label: str = "", train_overrides: dict[str, Any] | None = None,
+                subset: tuple[Job, dict[str, Any]] | None = None) -> Job:
         method_cfg = copy.deepcopy(self.cfg["methods"][method])
         method_cfg.pop("domain_steps", None)   # read by grpo_expert; a run's block holds its own steps
         method_cfg.update({k: v for k, v in (method_overrides or {}).items() if v is not None})
@@ -226,7 +227,7 @@ class Planner:
     def grpo_expert(self, study: str, domain: str, seed: int, student: str = "student") -> Job:
         """A student's GRPO run on one domain: S1's baseline, S3's self-teacher, S4/S5's expert (one run, shared)."""
         steps = (self.cfg["methods"]["grpo"].get("domain_steps") or {}).get(domain)
-        return self.run(f"grpo-{student}-{domain}-s{seed}", study, "grpo", [domain], seed, f"base:{student}",
+        return self.add_run(f"grpo-{student}-{domain}-s{seed}", study, "grpo", [domain], seed, f"base:{student}",
                         method_overrides={"steps": steps}, label="GRPO")
 
     # -- selection jobs ---------------------------------------------------------------------------------------

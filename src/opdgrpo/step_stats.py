@@ -65,11 +65,6 @@ class StepStats:
         self.grad_norm = (self.grad_norm or 0.0) + float(grad_norm)
         self.updates += 1
 
-    def add_shard(self, shard: Shard, teachers: bool) -> None:
-        """A sampled shard that is also one training micro-batch: :meth:`add_sampled` and :meth:`add_trained`."""
-        self.add_sampled(shard)
-        self.add_trained(shard, teachers)
-
     def add_sampled(self, shard: Shard) -> None:
         """A sampled shard's prompt, completion and rollout tokens, rewards and lengths (once per step)."""
         ro, batch = shard.scored.rollouts, shard.sequences.shape[0]

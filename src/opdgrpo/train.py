@@ -198,9 +198,9 @@ def expandable_segments() -> bool:
 def _loop(run: Run, stop: dict[str, Any]) -> dict[str, Any]:
     """Every step from ``run.start``, then the final evaluation and checkpoint; returns the final evaluation.
     ``stop["signal"]``: a SIGTERM/SIGINT noted by :func:`_stop_requests` (checkpoint and stop after the step)."""
-    every = run.settings
-    for step in range(run.start, every["steps"]):
-        if step % every["eval_every"] == 0:
+    settings = run.settings
+    for step in range(run.start, settings["steps"]):
+        if step % settings["eval_every"] == 0:
             _evaluate(run, step)
             if step > run.start and run.workers.any(stop["signal"] is not None):
                 _stop_before(run, step, stop)   # the warning came during the evaluation: no step after it
@@ -215,13 +215,13 @@ def _loop(run: Run, stop: dict[str, Any]) -> dict[str, Any]:
             run.tracker.step(line)
             run.progress.step(step + 1, _progress_values(line, wall), wall)
         stopping = run.workers.any(stop["signal"] is not None)
-        if (step + 1) % every["checkpoint_every"] == 0 or stopping:
+        if (step + 1) % settings["checkpoint_every"] == 0 or stopping:
             _checkpoint(run, step + 1)
         if stopping:
             raise Interrupted(f"run {run.cfg['run_id']}: signal {stop['signal']} after step {step}; "
                               "checkpoint saved, rerun to resume")
-    final = _evaluate(run, every["steps"])
-    _checkpoint(run, every["steps"])
+    final = _evaluate(run, settings["steps"])
+    _checkpoint(run, settings["steps"])
     return final
 
 

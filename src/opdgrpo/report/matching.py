@@ -97,11 +97,6 @@ class MatchRule:
         standard errors, and never less than the slack (without an SE: the slack alone)."""
         return max(self.slack(se), self.min_joint_gain_se * se if se else 0.0)
 
-    def describe(self) -> str:
-        """One phrase for tables: the window and the tolerance."""
-        tol = f"{self.tolerance_se:g} SE" + (f" + {self.tolerance_points:g} pts" if self.tolerance_points else "")
-        return f"{self.window}-point centred moving average, tolerance {tol}"
-
 
 def smooth(accuracy: Sequence[float], window: int) -> list[float]:
     """Centred moving average over ``window`` (odd) valid points, truncated at the ends; NaN points stay NaN."""

@@ -88,9 +88,9 @@ class ConsolidationStudy(Study[ConsolidationEntry]):
         mix = "+".join(domains)
         train = {"mix": s.get("mix")}
         experts = [planner.grpo_expert(self.name, d, seed, st) for d in domains]
-        joint = planner.run(f"grpo-{st}-{mix}-s{seed}", self.name, "grpo", domains, seed, f"base:{st}",
+        joint = planner.add_run(f"grpo-{st}-{mix}-s{seed}", self.name, "grpo", domains, seed, f"base:{st}",
                             method_overrides={"steps": s.get("joint_steps")}, label="joint GRPO", train_overrides=train)
-        distill = planner.run(f"opd-experts-{into(st)}{mix}-s{seed}", self.name, "opd", domains, seed, f"base:{st}",
+        distill = planner.add_run(f"opd-experts-{into(st)}{mix}-s{seed}", self.name, "opd", domains, seed, f"base:{st}",
                               {d: f"run:{e.id}" for d, e in zip(domains, experts)},
                               {"steps": s.get("distill_steps")}, label="multi-teacher OPD", train_overrides=train)
         return ConsolidationEntry(title=s["title"], domains=domains, joint=joint.id, distill=distill.id,

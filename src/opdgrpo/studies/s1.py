@@ -46,7 +46,7 @@ class S1(ComparisonStudy):
             opd = {}
             for t in s["teachers"]:
                 label = f"OPD {t}"
-                opd[label] = planner.run(f"opd-{t}-{into(st)}{d}-s{seed}", self.name, "opd", [d], seed, f"base:{st}",
+                opd[label] = planner.add_run(f"opd-{t}-{into(st)}{d}-s{seed}", self.name, "opd", [d], seed, f"base:{st}",
                                          {d: f"base:{t}"}, label=label).id
             comparisons.append(Comparison(domain=d, grpo=grpo.id, opd=opd))
         return ComparisonEntry(title=s["title"], comparisons=comparisons, **window_key(s))

@@ -48,10 +48,10 @@ class S1b(ComparisonStudy):
         comparisons, t, st = [], s["teacher"], study_student(s)
         for d in s["domains"]:
             grpo = planner.grpo_expert(self.name, d, seed, st)
-            teacher = planner.run(f"grpo-{t}-{d}-s{seed}", f"{self.name}-teacher", "grpo", [d], seed, f"base:{t}",
+            teacher = planner.add_run(f"grpo-{t}-{d}-s{seed}", f"{self.name}-teacher", "grpo", [d], seed, f"base:{t}",
                                   method_overrides={"steps": s.get("teacher_steps")}, label=f"GRPO {t} (teacher)")
             label = f"OPD {t}+GRPO"
-            opd = planner.run(f"opd-{t}_grpo-{into(st)}{d}-s{seed}", self.name, "opd", [d], seed, f"base:{st}",
+            opd = planner.add_run(f"opd-{t}_grpo-{into(st)}{d}-s{seed}", self.name, "opd", [d], seed, f"base:{st}",
                               {d: f"run:{teacher.id}"}, label=label)
             comparisons.append(Comparison(domain=d, grpo=grpo.id, opd={label: opd.id}, teacher=teacher.id))
         return ComparisonEntry(title=s["title"], comparisons=comparisons, **window_key(s))

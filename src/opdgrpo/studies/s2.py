@@ -146,10 +146,10 @@ class S2(Study[S2Entry]):
             if trained_by[name] != seed:
                 continue
             sub = (selection, {"domain": d, "subset": name, "eval_size": s.get("in_domain_eval_size")})
-            grpo = planner.run(_grpo_id(st, d, name, seed), self.name, "grpo", [d], seed, f"base:{st}",
+            grpo = planner.add_run(_grpo_id(st, d, name, seed), self.name, "grpo", [d], seed, f"base:{st}",
                                method_overrides={"steps": s.get("grpo_steps")}, label=f"GRPO {name}",
                                train_overrides=evals, subset=sub)
-            opd = planner.run(f"opd-{t}-{into(st)}{d}_{name}-s{seed}", self.name, "opd", [d], seed, f"base:{st}",
+            opd = planner.add_run(f"opd-{t}-{into(st)}{d}_{name}-s{seed}", self.name, "opd", [d], seed, f"base:{st}",
                               {d: f"base:{t}"}, {"steps": s.get("opd_steps")}, label=f"OPD {t} {name}",
                               train_overrides=evals, subset=sub)
             subsets.append(Subset(name=name, grpo=grpo.id, opd=opd.id))

@@ -81,7 +81,7 @@ class S3(Study[S3Entry]):
         opd = {}
         for n in s["rollouts_per_prompt"]:
             label = f"OPD self n={n}"
-            opd[str(n)] = planner.run(f"opd-self_n{n}-{into(st)}{d}-s{seed}", self.name, "opd", [d], seed, f"base:{st}",
+            opd[str(n)] = planner.add_run(f"opd-self_n{n}-{into(st)}{d}-s{seed}", self.name, "opd", [d], seed, f"base:{st}",
                                       {d: f"run:{grpo.id}"}, {"rollouts_per_prompt": n}, label=label).id
         return S3Entry(title=s["title"], domain=d, grpo=grpo.id, teacher=grpo.id, opd=opd, **matching_keys(s))
 

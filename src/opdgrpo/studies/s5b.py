@@ -50,7 +50,7 @@ class S5b(Study[S5bEntry]):
         """One OPD run from the external teacher on every domain at once (no experts)."""
         domains, t, st = list(s["domains"]), s["teacher"], study_student(s)
         mix = "+".join(domains)
-        opd = planner.run(f"opd-{t}-{into(st)}{mix}-s{seed}", self.name, "opd", domains, seed, f"base:{st}",
+        opd = planner.add_run(f"opd-{t}-{into(st)}{mix}-s{seed}", self.name, "opd", domains, seed, f"base:{st}",
                           {d: f"base:{t}" for d in domains}, {"steps": s.get("steps")}, label=f"OPD {t} (all domains)",
                           train_overrides={"mix": s.get("mix")})
         return S5bEntry(title=s["title"], domains=domains, teacher_model=t, opd=opd.id)

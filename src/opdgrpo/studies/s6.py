@@ -216,16 +216,16 @@ class S6(Study[S6Entry]):
         domains, external, base = list(s["domains"]), list(s["external_domains"]), f"base:{student}"
         mix, train = "+".join(domains), {"mix": s.get("mix")}
         steps = planner.cfg["methods"]["grpo"].get("domain_steps") or {}
-        experts = [planner.run(f"{prefix}grpo-{d}-s{seed}", self.name, "grpo", [d], seed, base,
+        experts = [planner.add_run(f"{prefix}grpo-{d}-s{seed}", self.name, "grpo", [d], seed, base,
                                method_overrides={"steps": steps.get(d)}, label=f"GRPO {d} expert{where}")
                    for d in domains]
-        joint = planner.run(f"{prefix}grpo-{mix}-s{seed}", self.name, "grpo", domains, seed, base,
+        joint = planner.add_run(f"{prefix}grpo-{mix}-s{seed}", self.name, "grpo", domains, seed, base,
                             method_overrides={"steps": s.get("joint_steps")}, label=f"joint GRPO{where}",
                             train_overrides=train)
-        distill = planner.run(f"{prefix}opd-experts-{mix}-s{seed}", self.name, "opd", domains, seed, base,
+        distill = planner.add_run(f"{prefix}opd-experts-{mix}-s{seed}", self.name, "opd", domains, seed, base,
                               {d: f"run:{e.id}" for d, e in zip(domains, experts)}, {"steps": _budgets(planner, s)[-1]},
                               label=f"multi-teacher OPD{where}", train_overrides=train)
-        ext = planner.run(f"{prefix}opd-{s['teacher']}-{'+'.join(external)}-s{seed}", self.name, "opd", external, seed,
+        ext = planner.add_run(f"{prefix}opd-{s['teacher']}-{'+'.join(external)}-s{seed}", self.name, "opd", external, seed,
                           base, {d: f"base:{teacher}" for d in external}, {"steps": s.get("external_steps")},
                           label=f"OPD {s['teacher']} (all domains){where}", train_overrides=train)
         return Cell(interference=level, thinking_fraction=frac, student_model=student, teacher_model=teacher,
