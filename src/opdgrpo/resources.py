@@ -152,8 +152,11 @@ def _train_static(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape,
     replica = n if str(t.get("engine") or "hf") != "vllm" else 0
     static = {"weights": master * n / shards + (gathered * (unit + replica) if sharded else 0.0),
               # DDP keeps its reduction buckets beside the gradients (gradient_as_bucket_view off)
+              # FSDP: the unsharded gradients of two layers before their reduce-scatter, and the root unit's
+              # (embedding, LM head), which the LM head's backward starts first and which is reduced last: it is
+              # held through the whole backward, beside the activations (not measured on a GPU yet)
               "gradients": master * n / shards * (2 if strategy == "ddp" and world > 1 else 1)
-              + (gathered * 2 * layer_params(student) if sharded else 0.0),
+              + (gathered * (2 * layer_params(student) + root_params(student)) if sharded else 0.0),
               "optimizer": ADAM_STATE_BYTES * n / shards}
     frozen = [(s, _bytes(t.get("teacher_dtype"))) for s in teachers]
     if float(rc["method"].get("beta") or 0.0) > 0:   # the frozen reference: the initial student, in the master dtype
