@@ -22,7 +22,7 @@ ENV = "OPDGRPO_TRAIN_RUNTIME"
 
 
 #: Keys of a data set block (``domains.<d>.train``, ``domains.<d>.heldout.<set>``) that only the planner reads.
-PLANNER_KEYS = ("planned_size",)
+PLANNER_KEYS = ("expected_rows",)
 
 
 def identity(cfg: Mapping[str, Any]) -> dict[str, Any]:

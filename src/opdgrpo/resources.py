@@ -250,7 +250,7 @@ def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw
         mean = max(lengths_for(cost_block(cfg), d, new).response for d in rc["train_domains"])
         evals, eval_rows, unsized = _evaluations(rc)
         if unsized:
-            est.notes.append(f"evaluation of {', '.join(unsized)} not counted (no size or planned_size)")
+            est.notes.append(f"evaluation of {', '.join(unsized)} not counted (no size or expected_rows)")
         prompt = max(lengths_for(cost_block(cfg), d, new).prompt for d in rc["eval_domains"] or rc["train_domains"])
         evaluation = (evals * 2 * params(student) * eval_rows * (prompt + mean)
                       / (world * hw.bf16_tflops * 1e12 * hw.sampling_mfu) / 3600)
@@ -271,7 +271,7 @@ def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw
 
 def _evaluations(rc: Mapping[str, Any]) -> tuple[int, int, list[str]]:
     """(evaluations a run makes, rows each samples, the held-out sets without a size to count): every
-    ``eval_every`` steps from step 0, and the final one; each set's prompts (``size``, else ``planned_size``)
+    ``eval_every`` steps from step 0, and the final one; each set's prompts (``size``, else ``expected_rows``)
     times its ``k``."""
     t = rc["train"]
     steps, every = int(rc["method"]["steps"]), int(t.get("eval_every") or 0)
@@ -279,7 +279,7 @@ def _evaluations(rc: Mapping[str, Any]) -> tuple[int, int, list[str]]:
     k, rows, unsized = int((t.get("eval") or {}).get("k") or 1), 0, []
     for d in rc["eval_domains"]:
         for name, spec in (rc["domains"][d].get("heldout") or {}).items():
-            size = spec.get("size") or spec.get("planned_size")
+            size = spec.get("size") or spec.get("expected_rows")
             if size is None:
                 unsized.append(f"{d}.{name}")
                 continue

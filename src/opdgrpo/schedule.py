@@ -23,7 +23,7 @@ from . import flops as flop_formulas
 PRETRAIN_RATE, TRAIN_RATE, EVAL_RATE = 105e9, 140e9, 50e9
 #: Seconds every job pays whatever its size: interpreter and library imports, data, checkpoints.
 OVERHEAD_S = 8.0
-#: Held-out prompts assumed per set whose config gives no size nor planned_size, and tokens per sequence when the
+#: Held-out prompts assumed per set whose config gives no size nor expected_rows, and tokens per sequence when the
 #: config has no ``cost_model`` lengths.
 DEFAULT_SET_SIZE, PRETRAIN_TOKENS = 100, 24
 
@@ -62,7 +62,7 @@ def _eval_tokens(cfg: Mapping[str, Any], rc: Mapping[str, Any], max_new: int) ->
     for d in rc.get("eval_domains") or []:
         for spec in ((rc.get("domains") or {}).get(d) or {}).get("heldout", {}).values():
             spec = spec if isinstance(spec, Mapping) else {}
-            total += float(spec.get("size") or spec.get("planned_size") or DEFAULT_SET_SIZE) * int(spec.get("k") or k) * _tokens(cfg, d, max_new)
+            total += float(spec.get("size") or spec.get("expected_rows") or DEFAULT_SET_SIZE) * int(spec.get("k") or k) * _tokens(cfg, d, max_new)
     return total
 
 

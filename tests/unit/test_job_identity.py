@@ -41,7 +41,7 @@ def test_jobs_that_disagree_on_a_runtime_key_name_it():
 def test_the_planners_split_sizes_are_no_part_of_a_jobs_params():
     cfg = compose(["profile=paper"])
     job = build_plan(cfg).jobs["grpo-student-knowledge-s0"]
-    assert job.config["domains"]["knowledge"]["heldout"]["mmlu_pro"]["planned_size"] == 12032
+    assert job.config["domains"]["knowledge"]["heldout"]["mmlu_pro"]["expected_rows"] == 12032
     hashed = job_identity.identity(job.config)
-    assert "planned_size" not in hashed["domains"]["knowledge"]["heldout"]["mmlu_pro"]
+    assert "expected_rows" not in hashed["domains"]["knowledge"]["heldout"]["mmlu_pro"]
     assert hashed["domains"]["knowledge"]["heldout"]["mmlu_pro"]["k"] == 1

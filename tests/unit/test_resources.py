@@ -221,9 +221,9 @@ def test_an_unset_distributed_key_is_planned_as_the_trainer_runs_it(paper):
 
 
 def test_training_jobs_hours_count_their_evaluations(paper):
-    """S5's joint GRPO evaluates four held-out domains (MMLU-Pro's 12,032 questions among them, `planned_size`) at
+    """S5's joint GRPO evaluates four held-out domains (MMLU-Pro's 12,032 questions among them, `expected_rows`) at
     step 0, every 10 steps and at the end: most of its time. Evaluating only at the end takes it off; a held-out set
-    with neither `size` nor `planned_size` is named as not counted."""
+    with neither `size` nor `expected_rows` is named as not counted."""
     cfg, plan = paper
     job = plan.jobs["grpo-student-math+code+ifeval+knowledge-s0"]
     hw = resources.Hardware.of(cfg)
@@ -235,10 +235,10 @@ def test_training_jobs_hours_count_their_evaluations(paper):
     assert every.hours > 2 * once.hours and every.hours_high > once.hours_high
     domains = {**job.config["domains"]}
     domains["knowledge"] = dict(domains["knowledge"], heldout={"mmlu_pro": dict(domains["knowledge"]["heldout"]["mmlu_pro"],
-                                                                                planned_size=None)})
+                                                                                expected_rows=None)})
     blind = resources.train_estimate(cfg, type(job)(**{**job.__dict__, "config": dict(job.config, domains=domains)}),
                                      plan.jobs, hw)
-    assert blind.notes == ["evaluation of knowledge.mmlu_pro not counted (no size or planned_size)"]
+    assert blind.notes == ["evaluation of knowledge.mmlu_pro not counted (no size or expected_rows)"]
 
 
 def test_the_slurm_warning_lead_covers_a_step_an_evaluation_and_a_checkpoint(paper):

@@ -55,7 +55,7 @@ LCB_COLUMNS = ("question_title", "question_content", "platform", "question_id", 
                "starter_code", "difficulty", "public_test_cases", "private_test_cases", "metadata")  # fmt: skip
 DEEPCODER_COLUMNS = ("problem", "tests")
 TRAIN_KEYS = ("source", "size", "seed", "contest_date", "max_tests", "expected_rows")
-HELDOUT_KEYS = ("source", "size", "seed", "k", "contest_date", "max_tests")
+HELDOUT_KEYS = ("source", "size", "seed", "k", "contest_date", "max_tests", "expected_rows")
 _RECENT = 8192  # completions whose results check() remembers
 
 STDIN_INSTRUCTION = (
