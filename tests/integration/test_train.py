@@ -111,7 +111,7 @@ def _train_subprocess(cfg, run_dir: Path) -> subprocess.Popen:
 def test_kill_and_resume_continues_the_ledger_exactly(smoke_world, tmp_path):
     """Kill -9 mid-run, rerun: every step appears once and the ledger equals an uninterrupted run's."""
     _, plan = smoke_world
-    cfg = _config(plan, "grpo-student-math-s0", tmp_path, steps=10)
+    cfg = _config(plan, "grpo-student-math-s0", tmp_path, steps=7)   # 10 until CI's 40 minutes got tight
     cfg["train"] = dict(cfg["train"], checkpoint_every=3, eval_every=4)
     reference = tmp_path / "reference"
     assert _train_subprocess(cfg, reference).wait() == 0
@@ -129,11 +129,11 @@ def test_kill_and_resume_continues_the_ledger_exactly(smoke_world, tmp_path):
     assert _train_subprocess(cfg, run_dir).wait() == 0
 
     got, want = read_jsonl(run_dir / "ledger.jsonl"), read_jsonl(reference / "ledger.jsonl")
-    assert [r["step"] for r in got] == list(range(10))
+    assert [r["step"] for r in got] == list(range(7))
     for a, b in zip(got, want):
         assert a["cumulative_flops"] == b["cumulative_flops"]
         assert a["reward"] == b["reward"] and a["loss"] == b["loss"]   # CPU runs are deterministic: exact
-    assert [e["step"] for e in read_jsonl(run_dir / "evals.jsonl")] == [0, 4, 8, 10]
+    assert [e["step"] for e in read_jsonl(run_dir / "evals.jsonl")] == [0, 4, 7]
     assert json.loads((run_dir / "done.json").read_text())["cumulative_flops"] == json.loads((reference / "done.json").read_text())["cumulative_flops"]
 
 
