@@ -142,6 +142,7 @@ def validate(cfg: dict[str, Any]) -> None:
     _validate_domains(cfg)
     _check_fsdp_block(cfg["train"])
     _check_engine_blocks(cfg["train"])
+    _check_engine_lengths(cfg)
     _check_engine_correction(cfg["methods"], cfg["train"])
     vocab = cfg["tokenizer"].get("vocab_size")
     if vocab is not None and cfg["methods"]["opd"]["top_k"] > vocab:   # a hub tokenizer's size is known once loaded
@@ -172,6 +173,20 @@ def _check_engine_blocks(train: dict[str, Any]) -> None:
         if train.get(key) and engine != "vllm":
             raise ConfigError(f"config key `train.{key}` acts only with `train.engine: vllm` (it is {engine!r}): "
                               f"remove it (`~train.{key}`) or set `train.engine=vllm`")
+
+
+def _check_engine_lengths(cfg: dict[str, Any]) -> None:
+    """A ``max_model_len`` no longer than the new tokens a job generates leaves no room for any prompt: vLLM would
+    refuse every row (the engine checks the job's real longest prompt as it starts; this catches the sure case now)."""
+    train = cfg["train"]
+    new = {"vllm": int(train["max_new_tokens"]),
+           "vllm_alone": max(int(train["max_new_tokens"]),
+                             int(((cfg.get("pretrain") or {}).get("eval") or {}).get("max_new_tokens") or 0))}
+    for key, tokens in new.items():
+        length = (train.get(key) or {}).get("max_model_len")
+        if length is not None and int(length) <= tokens:
+            raise ConfigError(f"config key `train.{key}.max_model_len` ({length}) leaves no room for a prompt beside "
+                              f"{tokens} new tokens; leave it unset (the engine takes each job's longest row)")
 
 
 def _check_engine_correction(methods: dict[str, Any], train: dict[str, Any]) -> None:

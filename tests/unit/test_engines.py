@@ -249,3 +249,13 @@ def test_a_step_wakes_the_engine_once_weights_before_kv_cache():
     assert engine.llm.calls == []
     engine.sample([[1]], **kwargs)
     assert engine.llm.calls == [("wake_up", ("weights",)), ("wake_up", ("kv_cache",)), ("generate", 1), ("sleep", 1)]
+
+
+def test_a_max_model_len_with_no_room_for_a_prompt_is_refused_when_the_config_is_composed():
+    from opdgrpo.config import ConfigError, compose
+
+    with pytest.raises(ConfigError, match=r"`train.vllm.max_model_len` \(4096\) leaves no room for a prompt beside 8192"):
+        compose(["profile=paper", "+train.vllm.max_model_len=4096"])
+    with pytest.raises(ConfigError, match=r"`train.vllm_alone.max_model_len` \(8192\)"):
+        compose(["profile=paper", "+train.vllm_alone.max_model_len=8192"])
+    assert compose(["profile=paper", "+train.vllm.max_model_len=16384"])["train"]["vllm"]["max_model_len"] == 16384
