@@ -436,7 +436,7 @@ def table(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
     hw = Hardware.of(cfg)
     comps = ["weights", "gradients", "optimizer", "teachers"]
     head = ("| job | GPUs | " + " | ".join(comps) + " | peak phase (GiB) | peak GiB / GPU | fits | host GiB / node | hours "
-            "| GPU-hours | vLLM rows at once |\n|---|---|" + "---|" * (len(comps) + 8))
+            "| GPU-hours | vLLM rows at once |\n|---|---|" + "---|" * (len(comps) + 7))
     lines = [head]
     for e in estimates:
         cells = [f"{e.static.get(c, 0.0) / GIB:.1f}" for c in comps]

@@ -253,3 +253,10 @@ def test_the_slurm_warning_lead_covers_a_step_an_evaluation_and_a_checkpoint(pap
     assert f"SLURM warning lead: at least {math.ceil(leads[worst] / 60)} minutes for `{worst}`" in \
         resources.summary(cfg, estimates)
     assert all(e.signal_lead_s is None for e in estimates if e.kind != "train")
+
+
+def test_the_table_is_a_markdown_table(paper):
+    """Its delimiter row has as many cells as its header (GitHub renders no table otherwise)."""
+    cfg, plan = paper
+    lines = resources.table(cfg, resources.estimate_jobs(cfg, plan)).splitlines()
+    assert len({line.count("|") for line in lines}) == 1
