@@ -26,9 +26,8 @@ from opdgrpo import job_identity
 
 # Snakemake's own prefix (bash strict mode) kept; braces doubled, as Snakemake formats the prefix like a command.
 _RUNTIME = shlex.quote(json.dumps(job_identity.runtime(j.config for j in PLAN.jobs.values()), sort_keys=True))
-shell.prefix(
-    "set -euo pipefail; export " + job_identity.ENV + "=" + _RUNTIME.replace("{", "{{").replace("}", "}}") + "; "
-)
+_PREFIX = f"set -euo pipefail; export {job_identity.ENV}={_RUNTIME}; "
+shell.prefix(_PREFIX.replace("{", "{{").replace("}", "}}"))
 
 
 def upstream_done(job_id):
