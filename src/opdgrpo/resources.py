@@ -499,7 +499,9 @@ def summary(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
                  + (f"; the high end bounds sampling by decode waves at {hw.memory_tbps:g} TB/s (continuous "
                     "batching of 'vLLM rows at once' rows; a step reads the weights and their KV cache; at least the "
                     "longest row's steps)" if hw.memory_tbps else "")
-                 + "; training jobs' hours include their held-out evaluations")
+                 + "; training jobs' hours include their held-out evaluations. 'vLLM rows at once': rows of the "
+                   "engine's max_model_len its KV pool holds after vLLM's start-up checks (its share less its "
+                   "weights and profiling peak; a pool short of one row is refused here, as vLLM would refuse it)")
     low = sum((e.hours or 0.0) * e.gpus for e in estimates)
     high = sum((e.hours_high or e.hours or 0.0) * e.gpus for e in estimates)
     total = (f"{low:,.0f}" if round(high) == round(low) else f"{low:,.0f}-{high:,.0f}")
