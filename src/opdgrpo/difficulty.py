@@ -29,7 +29,7 @@ import torch
 
 from . import numerics
 from .domains import Domain, Task, build_domain
-from .engines import checkpoint_engine, longest_row
+from .engines import checkpoint_engine
 from .evaluation import batch_bounds
 from .models import autocast, load_model
 from .precision import resolve as resolve_precision
@@ -101,9 +101,9 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
                            attn_implementation=str(cfg[role].get("attn_implementation") or "eager")).to("cpu" if engine_on else device)
         batches = -(-len(tasks) * int(rule["k"]) // int(rule["batch_size"]))
         max_new_tokens = int(sampling.get("max_new_tokens", cfg["max_new_tokens"]))
-        max_len = longest_row(tokenizer, tasks, fmt, max_new_tokens) if engine_on else 0
         with autocast(resolve_precision(str(rule.get("precision", "fp32")), device), device.type), \
-                checkpoint_engine(cfg, cfg[role]["path"], model, max_len) as engine:   # one engine at a time
+                checkpoint_engine(cfg, cfg[role]["path"], model, tokenizer=tokenizer, tasks=tasks, fmt=fmt,
+                                  max_new_tokens=max_new_tokens) as engine:   # one engine at a time
             rates[role], flops[role] = solve_rates(
                 model, tokenizer, domain, tasks, k=int(rule["k"]),
                 temperature=float(sampling.get("temperature", rule["temperature"])),

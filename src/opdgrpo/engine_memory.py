@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .memory_model import GIB, Shape, params
+from .memory_model import GIB, Shape, kv_cache_bytes, params
 
 #: vLLM's KV block (positions per block) on GPUs.
 BLOCK = 16
@@ -41,13 +41,9 @@ SAMPLER_COPIES = 3
 
 
 def kv_row_bytes(s: Shape, max_model_len: int, dtype_bytes: int = 2) -> float:
-    """vLLM's ``max_memory_usage_bytes`` summed over layers: the KV cache of one ``max_model_len`` row, in whole
-    blocks (full-attention layers; a sliding-window layer keeps at most its window)."""
-    full = s.layers - s.sliding_layers
-    blocks = math.ceil(max_model_len / BLOCK)
-    windowed = math.ceil(min(max_model_len, s.window) / BLOCK) if s.window else blocks
-    page = 2 * BLOCK * s.kv_heads * s.head_dim * dtype_bytes
-    return page * (full * blocks + s.sliding_layers * windowed)
+    """vLLM's ``max_memory_usage_bytes`` summed over layers: the KV cache of one ``max_model_len`` row
+    (:func:`opdgrpo.memory_model.kv_cache_bytes`) in whole blocks."""
+    return kv_cache_bytes(s, 1, BLOCK * math.ceil(max_model_len / BLOCK), dtype_bytes)
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """The base job of a ``source: hub`` model: resolve, link, evaluate held-out accuracy (not counted)."""
     from . import numerics
     from .domains import build_domain
-    from .engines import checkpoint_engine, longest_row
+    from .engines import checkpoint_engine
     from .evaluation import evaluate, heldout_for
     from .models import autocast, load_model, parameter_count
     from .precision import resolve as resolve_precision
@@ -101,9 +101,9 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         heldout = heldout_for(domains, sorted(domains), ev.get("max_prompts"))
         max_new_tokens = int(sampling.get("max_new_tokens", ev.get("max_new_tokens", 48)))
         tasks = [t for sets in heldout.values() for s in sets.values() for t in s]
-        max_len = longest_row(tokenizer, tasks, fmt, max_new_tokens) if cfg.get("engine") == "vllm" else 0
         with autocast(resolve_precision(str(cfg["pretrain"].get("precision", "fp32")), device, "pretrain.precision"),
-                      device.type), checkpoint_engine(cfg, checkpoint, model, max_len) as engine:
+                      device.type), checkpoint_engine(cfg, checkpoint, model, tokenizer=tokenizer, tasks=tasks,
+                                                      fmt=fmt, max_new_tokens=max_new_tokens) as engine:
             results, eval_flops = evaluate(model, tokenizer, domains, heldout, k=int(ev["k"]),
                                            temperature=float(sampling.get("temperature", ev["temperature"])),
                                            top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)),

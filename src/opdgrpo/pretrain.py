@@ -20,7 +20,7 @@ import torch
 from . import flops as flop_formulas
 from . import numerics
 from .domains import build_domain
-from .engines import checkpoint_engine, longest_row
+from .engines import checkpoint_engine
 from .evaluation import evaluate, heldout_for
 from .models import autocast, build_model, parameter_count
 from .peak import run_peak
@@ -122,8 +122,8 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     tokenizer.save_pretrained(out_dir / "checkpoint")
     max_new_tokens = int((model_cfg.get("sampling") or {}).get("max_new_tokens", 48))
     tasks = [t for sets in heldout.values() for s in sets.values() for t in s]
-    max_len = longest_row(tokenizer, tasks, PromptFormat(), max_new_tokens) if cfg.get("engine") == "vllm" else 0
-    with autocast(precision), checkpoint_engine(cfg, out_dir / "checkpoint", model, max_len) as engine:
+    with autocast(precision), checkpoint_engine(cfg, out_dir / "checkpoint", model, tokenizer=tokenizer, tasks=tasks,
+                                                fmt=PromptFormat(), max_new_tokens=max_new_tokens) as engine:
         results, eval_flops = evaluate(model, tokenizer, domains, heldout, k=int(eval_cfg["k"]),
                                        temperature=float(eval_cfg["temperature"]), max_new_tokens=max_new_tokens,
                                        batch_size=int(eval_cfg.get("batch_size", 512)), seed=int(cfg["seed"]),

@@ -234,8 +234,8 @@ def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw
         engine = engine_start(student, gpu_bytes=hw.memory_gib * GIB, settings=settings,
                               max_model_len=max_model_len(settings, _train_row(cfg, rc)))
     est = JobEstimate(job.id, "train", world, static, phases, engine=engine)
-    # the engine starts after the models load and before the first step: the trainer holds its weights (and the
-    # sampling replica) and its teachers then; gradients and Adam's state come with the first update
+    # the engine starts after the models load and before the first step: the trainer holds its weights (under hf
+    # the sampling replica too) and its teachers then; gradients and Adam's state come with the first update
     est.trainer_at_start = static.get("weights", 0.0) + static.get("teachers", 0.0)
     # every process reads each model whole into host memory before it moves or shards it, one model at a time
     t = rc["train"]
@@ -290,7 +290,7 @@ def _evaluations(rc: Mapping[str, Any]) -> tuple[int, int, list[str]]:
 def _train_hours(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw: Hardware, world: int,
                  recompute: bool) -> tuple[float, float]:
     """(rollout hours, the rest): rollouts at ``sampling_mfu``, the passes and teachers at ``train_mfu``;
-    checkpointing adds one forward (a third of a forward+backward) to the training pass. Evaluation is not counted."""
+    checkpointing adds one forward (a third of a forward+backward) to the training pass. Evaluation: the caller."""
     flops = estimate_run(cfg, job, jobs).flops
     peak = world * hw.bf16_tflops * 1e12
     train = flops["train"] * (4 / 3 if recompute else 1.0) + flops["old_policy"] + flops["reference"] + flops["teacher"]

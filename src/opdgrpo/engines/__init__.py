@@ -92,13 +92,13 @@ def build_engine(name: str, model: torch.nn.Module, tokenizer, *, scratch: Path 
 
 
 @contextlib.contextmanager
-def checkpoint_engine(cfg: Mapping[str, Any], path: str | Path, model: torch.nn.Module,
-                      max_len: int) -> Iterator[Engine | None]:
+def checkpoint_engine(cfg: Mapping[str, Any], path: str | Path, model: torch.nn.Module, *, tokenizer,
+                      tasks: Sequence[Any], fmt: Any, max_new_tokens: int) -> Iterator[Engine | None]:
     """For jobs that sample a saved model without training it (base-model evaluation, S2's difficulty job): None
     under ``engine: hf`` (or no key: the project's sampler on ``model``), else a vLLM engine on the checkpoint
-    directory ``path`` itself (no copy), with the job's ``vllm`` settings, sized for ``max_len`` (the job's longest
-    row), awake throughout (no trainer shares its GPU) and shut down when the block ends: one engine at a time.
-    ``model`` gives the FLOP formulas' config."""
+    directory ``path`` itself (no copy), with the job's ``vllm`` settings, sized for the longest row of ``tasks``
+    (:func:`longest_row`), awake throughout (no trainer shares its GPU) and shut down when the block ends: one
+    engine at a time. ``model`` gives the FLOP formulas' config."""
     name = str(cfg.get("engine") or "hf")
     if name == "hf":
         yield None
@@ -107,6 +107,7 @@ def checkpoint_engine(cfg: Mapping[str, Any], path: str | Path, model: torch.nn.
         raise ValueError(f"config key `train.engine`: must be one of {list(schema.allowed('train', 'engine'))}, got {name!r}")
     from .vllm_engine import VLLMEngine
 
+    max_len = longest_row(tokenizer, tasks, fmt, max_new_tokens)
     with VLLMEngine(Path(path), model.config, max_len=max_len, settings=cfg.get("vllm") or {},
                     seed=int(cfg.get("seed") or 0), device=next(model.parameters()).device) as engine:
         yield engine
