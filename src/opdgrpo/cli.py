@@ -50,7 +50,9 @@ def cmd_tokenizer(args) -> int:
         write_json(args.out / "done.json", {"vocab_size": save_hub_tokenizer(cfg["tokenizer"], args.out),
                                             "source": "hub", "path": str(cfg["tokenizer"]["path"])})
         return 0
-    tok = build_tokenizer(cfg["domains"], int(cfg["tokenizer"]["vocab_size"]), int(cfg["tokenizer"]["samples_per_domain"]), int(cfg["seed"]))
+    spec = cfg["tokenizer"]
+    tok = build_tokenizer(cfg["domains"], int(spec["vocab_size"]), int(spec["samples_per_domain"]), int(cfg["seed"]),
+                          chat=bool(spec.get("chat")))
     save_tokenizer(tok, args.out)
     write_json(args.out / "done.json", {"vocab_size": len(tok)})
     return 0
@@ -60,7 +62,7 @@ def cmd_pretrain(args) -> int:
     from .pretrain import pretrain
 
     cfg = _job_config(args)
-    if cfg["model"].get("source") == "hub":   # paper scale: a trained model from the hub, linked and evaluated
+    if cfg["model"].get("source") in ("hub", "random"):   # paper scale: a hub model (or the rehearsal's random one), linked and evaluated
         from .hub_models import fetch_base
 
         pretrain = fetch_base

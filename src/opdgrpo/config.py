@@ -28,10 +28,14 @@ def default_conf_dir() -> Path:
 
 
 def compose(overrides: Sequence[str] = (), conf_dir: Path | None = None) -> dict[str, Any]:
-    """Compose ``conf/config.yaml`` with Hydra overrides (e.g. ``profile=smoke``) into a plain dict."""
+    """Compose ``conf/config.yaml`` with Hydra overrides (e.g. ``profile=smoke``) into a plain dict.
+
+    ``${conf_dir:}`` in a value is the conf directory's absolute path: files shipped beside conf/ (the rehearsal's
+    data fixtures) are then found from any working directory (``snakemake --directory``, a cluster job's)."""
     conf_dir = Path(conf_dir or default_conf_dir()).resolve()
     if not (conf_dir / "config.yaml").is_file():
         raise ConfigError(f"no config.yaml in {conf_dir}: run from the repository root or pass the conf directory")
+    OmegaConf.register_new_resolver("conf_dir", lambda: str(conf_dir), replace=True)
     with initialize_config_dir(config_dir=str(conf_dir), version_base=None):
         try:
             cfg = hydra_compose(config_name="config", overrides=list(overrides))
@@ -140,6 +144,7 @@ def validate(cfg: dict[str, Any]) -> None:
             raise ConfigError(f"config key `studies.{name}.{unread[0]}` does nothing: study {name} reads only "
                               f"{', '.join(sorted(read - {'name', 'title'}))} (besides name and title)")
     _validate_domains(cfg)
+    _check_model_sources(cfg)
     _check_fsdp_block(cfg["train"])
     _check_engine_blocks(cfg["train"])
     _check_engine_lengths(cfg)
@@ -155,6 +160,26 @@ def validate(cfg: dict[str, Any]) -> None:
         if study in REGISTRY:
             REGISTRY[study].validate(cfg)
     tracking.check_installed(cfg["train"].get("report_to"))
+
+
+def _check_model_sources(cfg: dict[str, Any]) -> None:
+    """What a source does not read is refused by name: a ``random`` model is built by its base job (no path, no
+    revision, no pretraining stage); a tokenizer's ``chat`` acts on a scratch-built tokenizer only."""
+    for name, mcfg in cfg["models"].items():
+        if mcfg.get("source") == "random":
+            extra = sorted(k for k in ("path", "revision", "pretrain") if k in mcfg)
+            if extra:
+                raise ConfigError(f"config key `models.{name}.{extra[0]}` does nothing for `source: random` (its base job "
+                                  f"builds random weights from the architecture keys and `seed`); remove it")
+    for where, spec in [("tokenizer", cfg["tokenizer"])] + [(f"models.{m}.tokenizer", c["tokenizer"])
+                                                             for m, c in cfg["models"].items() if c.get("tokenizer")]:
+        if spec.get("chat") is not None and spec.get("source") == "hub":
+            raise ConfigError(f"config key `{where}.chat` acts on scratch-built tokenizers only (a hub tokenizer has "
+                              f"its own chat template); remove it")
+        hub_only = sorted(k for k in ("path", "revision") if spec.get(k) is not None)
+        if spec.get("source") != "hub" and hub_only:
+            raise ConfigError(f"config key `{where}.{hub_only[0]}` acts only with `{where}.source: hub` (a scratch "
+                              f"tokenizer is built from the domains' texts); set it to null")
 
 
 def _check_fsdp_block(train: dict[str, Any]) -> None:

@@ -6,6 +6,10 @@ the weights are fetched once into the shared hub cache, or taken from a local co
 ``base/<model>/checkpoint`` to it, and measures its held-out accuracy. Downstream runs then load
 ``base/<model>/checkpoint`` exactly as they load a checkpoint the pipeline trained, so every later stage is the same
 code at every scale. Nothing here counts as post-training compute.
+
+``source: random`` (the rehearsal profile) stands in for a hub checkpoint where none can be downloaded: the base job
+builds a Qwen3 model with random weights from the block's architecture keys and ``seed``, saves it beside the job in
+hub format (``save_pretrained``, with the run's tokenizer), and links and evaluates it like a hub snapshot.
 """
 
 from __future__ import annotations
@@ -66,6 +70,33 @@ def link_checkpoint(target: Path, out_dir: Path) -> Path:
     return link
 
 
+#: Qwen3Config keys a ``source: random`` block may give (the model schema's architecture keys).
+_ARCHITECTURE = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                 "head_dim", "max_position_embeddings", "tie_word_embeddings", "rms_norm_eps", "rope_theta",
+                 "rope_parameters", "attention_bias", "attention_dropout", "initializer_range", "hidden_act",
+                 "sliding_window", "layer_types")
+
+
+def build_random(model_cfg: Mapping[str, Any], name: str, tokenizer_dir: Path, out_dir: Path) -> Path:
+    """A ``source: random`` model saved in hub format under ``out_dir/random-init`` (rebuilt identically from its
+    seed, so a rerun replaces it with the same weights)."""
+    from .models import build_model
+    from .tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    rows = int(model_cfg["vocab_size"])
+    if rows < len(tokenizer):
+        raise ValueError(f"config key `models.{name}.vocab_size` ({rows}) is smaller than the tokenizer's {len(tokenizer)} "
+                         f"tokens: the embedding needs a row per token (hub models pad it above, as Qwen3's 151,936)")
+    arch = {k: model_cfg[k] for k in _ARCHITECTURE if k in model_cfg}
+    model = build_model(arch, rows, tokenizer.pad_token_id, tokenizer.eos_token_id, int(model_cfg["seed"]))
+    model.config._attn_implementation = None   # loaders pick their own kernel, as for a downloaded checkpoint
+    target = out_dir / "random-init"
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target.resolve()
+
+
 def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """The base job of a ``source: hub`` model: resolve, link, evaluate held-out accuracy (not counted)."""
     from . import numerics
@@ -81,8 +112,11 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     started = time.time()
     torch.set_num_threads(int(cfg["threads"]))
     model_cfg, name = cfg["model"], cfg["name"]
-    target = resolve(str(model_cfg["path"]), model_cfg.get("revision"), f"models.{name}.path")
     out_dir.mkdir(parents=True, exist_ok=True)
+    if model_cfg.get("source") == "random":
+        target = build_random(model_cfg, name, Path(cfg["tokenizer"]), out_dir)
+    else:
+        target = resolve(str(model_cfg["path"]), model_cfg.get("revision"), f"models.{name}.path")
     write_yaml(out_dir / "config.yaml", cfg)
     checkpoint = link_checkpoint(target, out_dir)
     # under engine vllm the engine samples and the model stays on the CPU (it gives the config and the count)
@@ -112,7 +146,8 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
                                            max_batch_tokens=ev.get("max_batch_tokens"),
                                            budget_key="pretrain.eval.max_batch_tokens", engine=engine)
     rewrite_jsonl(out_dir / "evals.jsonl", [{"step": 0, "cumulative_flops": 0.0, "eval_flops": eval_flops, "results": results}])
-    summary = {"model": name, "source": "hub", "path": str(model_cfg["path"]), "revision": model_cfg.get("revision"),
+    summary = {"model": name, "source": model_cfg.get("source", "hub"), "path": str(model_cfg.get("path", target)),
+               "revision": model_cfg.get("revision"),
                "resolved": str(target), "parameters": parameter_count(model), "steps": 0, "counted": False,
                "heldout": results, "wall_s": round(time.time() - started, 1), "numerics": numerics.report()}
     write_json(out_dir / "done.json", summary)

@@ -260,7 +260,7 @@ class Planner:
         mcfg = self.cfg["models"][model]
         if mcfg.get("sampling"):
             entry["sampling"] = mcfg["sampling"]
-        if mcfg.get("source") == "hub":
+        if mcfg.get("source") in ("hub", "random"):
             entry.update({k: mcfg[k] for k in ("dtype", "attn_implementation") if mcfg.get(k)})
         return entry
 

@@ -372,7 +372,7 @@ def estimate_jobs(cfg: Mapping[str, Any], plan: Any) -> list[JobEstimate]:
     for job in plan.jobs.values():
         if job.kind == "train":
             out.append(train_estimate(cfg, job, plan.jobs, hw))
-        elif job.kind == "base" and job.config["model"].get("source") == "hub":
+        elif job.kind == "base" and job.config["model"].get("source") in ("hub", "random"):
             out.append(base_estimate(cfg, job, hw))
         elif job.kind == "difficulty":
             out.append(difficulty_estimate(cfg, job, plan.jobs, hw))

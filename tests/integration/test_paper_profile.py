@@ -33,11 +33,6 @@ FIXTURE_SOURCES = {
     "open-r1/DAPO-Math-17k-Processed": {"path": str(FIXTURES / "open-r1__DAPO-Math-17k-Processed")},
 }
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
-)
 
 
 def offline_paper_config(root: Path, models: dict[str, str] | None = None, domains: tuple[str, ...] | None = None) -> dict:
@@ -64,11 +59,11 @@ def tiny_hub_models(tmp_path_factory) -> dict[str, str]:
     """A student and a teacher saved like hub checkpoints: Qwen3 architecture, a tokenizer with a chat template
     and the chat special tokens, loadable with from_pretrained / AutoTokenizer."""
     from opdgrpo.models import build_model
-    from opdgrpo.tokenizer import build_tokenizer
+    from opdgrpo.tokenizer import CHAT_TEMPLATE, CHAT_TOKENS, build_tokenizer
 
     smoke = compose(["profile=smoke"], REPO / "conf")
     tok = build_tokenizer(smoke["domains"], 256, 300)
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.add_special_tokens({"additional_special_tokens": CHAT_TOKENS})
     tok.chat_template = CHAT_TEMPLATE
     root = tmp_path_factory.mktemp("hub_models")
     paths = {}

@@ -1,0 +1,103 @@
+"""``profile=rehearsal``: the paper DAG composed for real on CPU before anyone spends GPU-hours on it. Every rule a
+paper run uses (read from a dry run of ``profile=paper``), every training run on 2 processes under torchrun with
+its own vLLM engine per process, models in hub format through from_pretrained, the fixtures through ``datasets``;
+one run SIGKILLed in an update and resumed by the next ``snakemake``; the report at the end.
+
+The DAG is the session's ``rehearsal_dag`` (tests/e2e/conftest.py; test_slurm.py runs a slice of it through SLURM).
+Skipped only where vLLM is not installed; CI installs it."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opdgrpo.config import compose
+from opdgrpo.plan import build_plan
+
+REPO = Path(__file__).resolve().parents[2]
+RULE = re.compile(r"^(?:local)?rule (\w+):", flags=re.M)
+
+
+@pytest.fixture(scope="module")
+def paper_rules(tmp_path_factory) -> set[str]:
+    """The rules a paper run executes: a dry run of ``profile=paper`` (offline; nothing is downloaded)."""
+    out = tmp_path_factory.mktemp("paper_dry")
+    done = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--directory", str(out),
+                           "--snakefile", str(REPO / "Snakefile"), "--config", "profile=paper"],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return set(RULE.findall(done.stdout + done.stderr))
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "ledger.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_rehearsal_runs_every_rule_of_the_paper_dag(rehearsal_dag, paper_rules):
+    workdir, killed, whole = rehearsal_dag.workdir, rehearsal_dag.killed, rehearsal_dag.whole
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-5000:]
+    ran = set(RULE.findall(killed.stdout + killed.stderr + whole.stdout + whole.stderr))
+    assert {"tokenizer", "model_tokenizer", "pretrain", "difficulty", "grpo", "opd", "report"} <= paper_rules
+    assert paper_rules <= ran, f"rules of the paper DAG the rehearsal never ran: {sorted(paper_rules - ran)}"
+    report = workdir / "results" / "rehearsal" / "report"
+    assert (report / "claims.md").is_file() and (report / "S4_accuracy.png").is_file() and (report / "S2_accuracy.png").is_file()
+
+
+def test_rehearsal_trains_on_two_processes_each_with_its_own_engine(rehearsal_dag):
+    """Each training run: 2 torchrun processes, each rank's vLLM engine under ``external_launcher`` at its own local
+    rank (cuda:0 and cuda:1 on a GPU node) with ``max_model_len`` the job's longest row; the planned steps."""
+    workdir = rehearsal_dag.workdir
+    plan = build_plan(compose(["profile=rehearsal"], REPO / "conf"))
+    runs = [j for j in plan.jobs.values() if j.kind == "train"]
+    assert {j.config["method"]["name"] for j in runs} == {"grpo", "opd"}
+    assert any(len(j.config.get("teachers") or {}) > 1 for j in runs)            # multi-teacher OPD (S4)
+    for job in runs:
+        run_dir = workdir / job.out_dir
+        done = _json(run_dir / "done.json")
+        assert done["processes"] == 2 and done["steps"] == job.config["method"]["steps"], job.id
+        engines = done["engines"]
+        assert [(e["rank"], e["backend"], e["local_rank"], e["engine_world"]) for e in engines] == \
+            [(0, "external_launcher", 0, 2), (1, "external_launcher", 1, 2)], job.id
+        assert len({e["max_model_len"] for e in engines}) == 1 and engines[0]["max_model_len"] < 2048, engines
+        assert _steps(run_dir) == list(range(job.config["method"]["steps"])), job.id
+        evals = [json.loads(line) for line in (run_dir / "evals.jsonl").read_text().splitlines() if line.strip()]
+        assert evals and all(0.0 <= r["accuracy"] <= 1.0 for r in evals[-1]["results"])
+
+
+def test_rehearsal_base_jobs_save_hub_format_models_and_evaluate_them(rehearsal_dag):
+    """``source: random``: each base job saves its model in hub format, links it as a hub snapshot is linked, and
+    evaluates every held-out set of the paper's four domains through the engine."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = rehearsal_dag.workdir / "results" / "rehearsal" / "base"
+    for model in ("student", "qwen3_4b", "student_olmo3"):
+        done = _json(base / model / "done.json")
+        assert done["source"] == "random" and done["counted"] is False
+        assert {r["eval_domain"] for r in done["heldout"]} == {"math", "code", "ifeval", "knowledge"}
+        link = base / model / "checkpoint"
+        assert link.is_symlink() and (link / "config.json").is_file() and list(link.glob("*.safetensors"))
+    student = AutoModelForCausalLM.from_pretrained(str(base / "student" / "checkpoint"))
+    assert student.config.head_dim == 128
+    chat = AutoTokenizer.from_pretrained(str(base / "student" / "checkpoint"))
+    own = AutoTokenizer.from_pretrained(str(base / "student_olmo3" / "checkpoint"))
+    assert chat.chat_template and "<|im_end|>" in chat.get_vocab() and len(own) != len(chat)
+
+
+def test_rehearsal_resumes_the_killed_run(rehearsal_dag):
+    """Killed in step 2's update (SIGKILL of one process: torchrun stops the other), the run kept its step-1
+    checkpoint; the next ``snakemake`` resumed it: every step once."""
+    killed, whole, run = rehearsal_dag.killed, rehearsal_dag.whole, rehearsal_dag.killed_run
+    assert killed.returncode != 0 and run in killed.stdout + killed.stderr
+    assert "rule grpo:" in whole.stdout + whole.stderr
+    run_dir = rehearsal_dag.workdir / "results" / "rehearsal" / "runs" / run
+    assert _steps(run_dir) == [0, 1, 2]
+    assert _json(run_dir / "done.json")["steps"] == 3
