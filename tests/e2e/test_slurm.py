@@ -1,28 +1,28 @@
-"""The smoke DAG on a real one-node SLURM cluster (munge, slurmctld, slurmd on 127.0.0.1) through the SLURM
-profile (workflow/profiles/slurm, snakemake-executor-plugin-slurm), against a local run of the same DAG; a
-run with a 1-minute time limit, each attempt of which but the last is stopped by the profile's warning SIGTERM (`--signal=TERM@<s>`, what a time
-limit or a preemption sends), checkpoints, exits 130 and is resubmitted by Snakemake until it completes, every step
-once, its ledger equal to an uninterrupted run's (a resume by a second `snakemake` call after a stop is the same
-checkpoint path: tests/integration/test_train.py, test_distributed.py, test_fsdp.py); a job with two processes; and a
-retry after a real error (a NaN stop) that refuses to train.
+"""A slice of the paper DAG's rehearsal and smoke runs on a real one-node SLURM cluster (munge, slurmctld, slurmd on
+127.0.0.1) through the SLURM profile (workflow/profiles/slurm, snakemake-executor-plugin-slurm): the rehearsal's S4
+distillation and joint GRPO, each on 2 processes started by torchrun inside its allocation with a vLLM engine per
+process, and the report, against the session's local rehearsal (``rehearsal_dag``, tests/e2e/conftest.py); a smoke
+run with a 1-minute time limit, each attempt of which but the last is stopped by the profile's warning SIGTERM
+(`--signal=TERM@<s>`, what a time limit or a preemption sends), checkpoints, exits 130 and is resubmitted by
+Snakemake until it completes, every step once, its ledger equal to an uninterrupted run's (a resume by a second
+`snakemake` call after a stop is the same checkpoint path: tests/integration/test_train.py, test_distributed.py,
+test_fsdp.py, and the rehearsal's killed run); and a retry after a real error (a NaN stop) that refuses to train.
 
-Needs root and apt-get (Debian/Ubuntu) to install and start the daemons; skipped with the reason otherwise.
-The local run compared against is the session's whole smoke DAG (``smoke_dag``, tests/e2e/conftest.py, which
-tests/e2e/test_pipeline.py checks too), so this module alone also builds that; after test_pipeline.py it only adds
-S4 through SLURM. The time-limited run and the refused retry copy their upstream (tokenizer, student)
-from it too (`-k "time_limit or real_error"` still builds the smoke DAG first)."""
+Needs root and apt-get (Debian/Ubuntu) to install and start the daemons; skipped with the reason otherwise. The
+time-limited run and the refused retry copy their upstream (tokenizer, student) from the session's smoke DAG
+(``smoke_dag``), the slice its upstream from the rehearsal: this module alone builds both."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -184,87 +184,85 @@ def slurm_snakemake(workdir: Path, *args: str, timeout_s: int = 600, warning_s: 
             "--latency-wait", "5", "--jobs", "4", *args]
 
 
+TIMING = ("wall_s", "achieved_flops_per_s")
+
+
 def _ledger(run_dir: Path) -> list[dict]:
     path = run_dir / "ledger.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-#: The smoke DAG's study S4 past its base stage: GRPO experts and a joint run, OPD from two experts, and the report
-#: (5 jobs). The base stage (the tokenizer and every base model's pretraining, which the report's base-model table
-#: reads) is copied from the session's local smoke DAG, as the time-limited run's upstream is: through SLURM it added
-#: sequential jobs, about a minute of CI's time (185 s for the whole on the Zen 1), for rules that differ from these
-#: only in their resources. S1 and S3 add OPD runs from other
-#: teachers, the same rule with other inputs (they were here until CI's time ran short: 14 jobs, 214 s on the Zen 1).
-STUDIES = ("S4",)
-#: The base stage's outputs, with Snakemake's records of them, copied from the session's local smoke DAG: all of it
-#: for the S4 DAG, the tokenizer and the student for the time-limited run.
-BASE_STAGE = ("results/smoke/base", ".snakemake/metadata")
+#: A slice of the paper DAG's rehearsal (profile=rehearsal; tests/e2e/test_rehearsal.py) through SLURM: S4's
+#: multi-teacher OPD and joint GRPO, each on 2 processes with a vLLM engine per process, and the report. Everything
+#: upstream (the tokenizers, the random base models, S4's two GRPO experts) is copied from the session's local
+#: rehearsal, with Snakemake's records of it; S2 is left out. Until the rehearsal existed this was the smoke DAG's S4
+#: on 1 process, and a separate 2-process smoke run.
+REHEARSAL = "results/rehearsal"
+SLICE = ("grpo-student-math+code-s0", "opd-experts-math+code-s0")
+COPIED = (f"{REHEARSAL}/base", f"{REHEARSAL}/runs/grpo-student-math-s0", f"{REHEARSAL}/runs/grpo-student-code-s0",
+          ".snakemake/metadata")
+DROPPED = ("~studies.S2",)
+DAG_CONFIG = ("--config", "profile=rehearsal", f"overrides=[{','.join(DROPPED)}]")
+#: For the time-limited run: the smoke DAG's tokenizer and student.
 UPSTREAM = ("results/smoke/base/tokenizer", "results/smoke/base/student", ".snakemake/metadata")
-DROPPED = ("~studies.S1", "~studies.S1b", "~studies.S2", "~studies.S3", "~studies.S5", "~studies.S5b")
-DAG_CONFIG = ("--config", "profile=smoke", f"overrides=[{','.join(DROPPED)}]")
 
 
 @pytest.fixture(scope="module")
-def slurm_and_local_dags(slurm_cluster, smoke_dag, tmp_path_factory):
-    """The smoke DAG's S4 through SLURM, and the whole smoke DAG run locally (the session's ``smoke_dag``,
-    tests/e2e/conftest.py, which tests/e2e/test_pipeline.py checks): dropping studies leaves every remaining job's
-    config as it is (checked in the test), so its S4 rows are what a local run of S4 gives."""
+def slurm_and_local_dags(slurm_cluster, rehearsal_dag, tmp_path_factory):
+    """The rehearsal's S4 slice through SLURM, and the whole rehearsal run locally (the session's
+    ``rehearsal_dag``): dropping S2 leaves every remaining job's config as it is (checked in the test), so its S4
+    rows are what the local rehearsal gives."""
     slurm_dir = tmp_path_factory.mktemp("slurm_dag")
-    for rel in BASE_STAGE:   # built locally (copytree keeps mtimes: Snakemake sees them current)
-        shutil.copytree(smoke_dag / rel, slurm_dir / rel)
+    for rel in COPIED:   # built locally (copytree keeps mtimes: Snakemake sees them current)
+        shutil.copytree(rehearsal_dag.workdir / rel, slurm_dir / rel)
     t0 = time.time()
     done = subprocess.run(slurm_snakemake(slurm_dir, *DAG_CONFIG), capture_output=True, text=True, timeout=700)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    assert "rule pretrain" not in done.stdout + done.stderr and "rule tokenizer" not in done.stdout + done.stderr
-    print(f"smoke DAG's {', '.join(STUDIES)} through SLURM: {time.time() - t0:.0f} s")
-    return slurm_dir, smoke_dag, done.stdout + done.stderr
+    print(f"the rehearsal's S4 slice through SLURM: {time.time() - t0:.0f} s")
+    return slurm_dir, rehearsal_dag.workdir, done.stdout + done.stderr
 
 
-def test_smoke_dag_through_slurm_matches_a_local_run(slurm_and_local_dags):
+def test_rehearsal_slice_through_slurm_matches_the_local_run(slurm_and_local_dags):
     from opdgrpo.config import compose
     from opdgrpo.plan import build_plan
 
     slurm_dir, local_dir, log = slurm_and_local_dags
-    subset = build_plan(compose(["profile=smoke", *DROPPED], REPO / "conf")).jobs
-    whole = build_plan(compose(["profile=smoke"], REPO / "conf")).jobs
+    subset = build_plan(compose(["profile=rehearsal", *DROPPED], REPO / "conf")).jobs
+    whole = build_plan(compose(["profile=rehearsal"], REPO / "conf")).jobs
     assert {j: job.config for j, job in subset.items()} == {j: whole[j].config for j in subset}   # the same jobs
     assert "jobid" in log.lower(), log[-2000:]   # the jobs went through sbatch
-    slurm_curves = pd.read_csv(slurm_dir / "results" / "smoke" / "report" / "curves.csv")
-    local_curves = pd.read_csv(local_dir / "results" / "smoke" / "report" / "curves.csv")
-    assert set(slurm_curves["study"]) == set(STUDIES), set(slurm_curves["study"])
-    assert set(STUDIES) < set(local_curves["study"])                  # the whole DAG: S4 and more
-    local_curves = local_curves[local_curves["study"].isin(STUDIES)].reset_index(drop=True)
-    assert list(slurm_curves.columns) == list(local_curves.columns)
-    assert len(slurm_curves) == len(local_curves)
+    ran = set(re.findall(r"^rule (\w+):", log, flags=re.M))
+    assert ran == {"grpo", "opd", "report"}, ran                  # the slice, nothing upstream
+    slurm_curves = pd.read_csv(slurm_dir / REHEARSAL / "report" / "curves.csv")
+    local_curves = pd.read_csv(local_dir / REHEARSAL / "report" / "curves.csv")
+    assert set(slurm_curves["study"]) == {"S4"} and "S2" in set(local_curves["study"])
+    local_curves = local_curves[local_curves["study"] == "S4"].reset_index(drop=True)
+    assert list(slurm_curves.columns) == list(local_curves.columns) and len(slurm_curves) == len(local_curves)
     keys = ["run", "study", "method", "train_domains", "seed", "step", "eval_domain", "eval_set"]   # a run shows in several studies
     merged = slurm_curves.merge(local_curves, on=keys, how="outer", suffixes=("_slurm", "_local"), indicator=True)
     assert (merged["_merge"] == "both").all(), merged[merged["_merge"] != "both"][keys]
     values = [c for c in local_curves.columns if c not in keys]
     a, b = merged[[f"{c}_slurm" for c in values]].to_numpy(), merged[[f"{c}_local" for c in values]].to_numpy()
     differ = merged[((a != b) & ~(pd.isna(a) & pd.isna(b))).any(axis=1)]
-    # Code rewards run under wall-clock sandbox limits (the two DAGs ran at different times, under different loads),
-    # so a loaded machine can time out a correct program: during evaluation that moves a code row; during training it moves the run's
-    # advantages, so every row of a run that trains on code prompts (experts, joint runs, OPD routed to code).
-    timed = (differ["eval_domain"] == "code") | differ["train_domains"].astype(str).str.split("+").apply(lambda d: "code" in d)
-    code, other = differ[timed], differ[~timed]
-    assert other.empty, f"curve rows untouched by code rewards differ between SLURM and local runs:\n{other[keys].to_string()}"
-    if not code.empty:
-        warnings.warn(f"{len(code)} curve rows that depend on timed code rewards differ between SLURM and local runs: "
-                      f"{code[keys].to_string()}")
+    assert differ.empty, f"curve rows differ between SLURM and local runs:\n{differ[keys].to_string()}"
+    for run in SLICE:   # the local joint GRPO was killed and resumed: the same ledger as SLURM's uninterrupted run
+        slurm_ledger, local_ledger = _ledger(slurm_dir / REHEARSAL / "runs" / run), _ledger(local_dir / REHEARSAL / "runs" / run)
+        assert [{k: v for k, v in r.items() if k not in TIMING} for r in slurm_ledger] == \
+            [{k: v for k, v in r.items() if k not in TIMING} for r in local_ledger], run
 
 
 def test_a_job_with_two_processes_runs_them_inside_its_allocation(slurm_and_local_dags):
     """`resources.train.processes=2` (what gpu=2 gives on a GPU cluster): the rule starts 2 processes with torchrun
-    inside the one SLURM job, and they train one run together."""
-    workdir = slurm_and_local_dags[0]
-    run = "grpo-student-code-s0"
-    args = (f"results/smoke/runs/{run}/done.json", "--config", "profile=smoke",
-            "overrides=[methods.grpo.steps=3,resources.train.processes=2]")
-    done = subprocess.run(slurm_snakemake(workdir, *args), capture_output=True, text=True, timeout=700)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    summary = json.loads((workdir / "results" / "smoke" / "runs" / run / "done.json").read_text())
-    assert summary["processes"] == 2 and summary["steps"] == 3
-    assert [r["step"] for r in _ledger(workdir / "results" / "smoke" / "runs" / run)] == [0, 1, 2]
+    inside the one SLURM job, each with its own vLLM engine at its own local rank, and they train one run together."""
+    slurm_dir, _, log = slurm_and_local_dags
+    assert "cpus_per_task=2" in log                               # the training jobs asked SLURM for 2 CPUs
+    for run in SLICE:
+        run_dir = slurm_dir / REHEARSAL / "runs" / run
+        summary = json.loads((run_dir / "done.json").read_text())
+        assert summary["processes"] == 2
+        assert [(e["backend"], e["local_rank"], e["engine_world"]) for e in summary["engines"]] == \
+            [("external_launcher", 0, 2), ("external_launcher", 1, 2)]
+        assert [r["step"] for r in _ledger(run_dir)] == list(range(summary["steps"]))
 
 
 # A run longer than its allocation: 1-minute time limit, the warning SIGTERM 5 s before it; slurmctld checks time
@@ -277,7 +275,6 @@ def test_a_job_with_two_processes_runs_them_inside_its_allocation(slurm_and_loca
 LIMITED_RUN = "grpo-student-math-s0"
 LIMITED_STEPS, PACE_S = 130, 0.4
 LIMIT_MIN, WARNING_S = 1, 5
-TIMING = ("wall_s", "achieved_flops_per_s")
 
 
 @pytest.fixture(scope="module")

@@ -71,6 +71,25 @@ def test_bad_config_fails_at_compose_naming_the_key(override, message):
         _compose(override)
 
 
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("+models.student.path=Qwen/Qwen3-4B-Base", r"`models\.student\.path` does nothing for `source: random`"),
+        ("tokenizer.path=Qwen/Qwen3-4B-Base", r"`tokenizer\.path` acts only with `tokenizer\.source: hub`"),
+        ("~models.student.seed", r"missing config key `models\.student\.seed`"),
+        ("tokenizer.source=hub", r"`tokenizer\.path` must be a string, got None"),
+    ],
+)
+def test_rehearsal_model_sources_refuse_keys_that_would_do_nothing(override, message):
+    with pytest.raises(ConfigError, match=f"(?s){message}"):
+        compose(["profile=rehearsal", override], CONF)
+
+
+def test_a_chat_switch_on_a_hub_tokenizer_is_refused():
+    with pytest.raises(ConfigError, match=r"`tokenizer\.chat` acts on scratch-built tokenizers only"):
+        compose(["profile=paper", "+tokenizer.chat=true"], CONF)
+
+
 def test_unwritable_results_dir_under_a_file_creates_nothing():
     """Tests run as root, for whom permission bits do not make a directory unwritable; a path under a regular
     file fails for every user (ENOTDIR), which is what this uses. A read-only mount fails the same probe (EROFS)."""
@@ -238,6 +257,17 @@ def test_model_embedding_smaller_than_the_tokenizer(world, finished_run, tmp_pat
     _fake_checkpoint(student, Path(cfg["tokenizer"]), 100)
     cfg["student"]["path"] = str(student)
     _fails_untouched(cfg, finished_run, ValueError, r"embedding of 100 tokens, fewer than the tokenizer's")
+
+
+def test_random_model_with_fewer_embedding_rows_than_its_tokenizer(world, tmp_path):
+    from opdgrpo.hub_models import build_random
+
+    tokenizer = Path(_run_cfg(world, "grpo-student-math-s0")["tokenizer"])
+    arch = {"source": "random", "seed": 0, "vocab_size": 8, "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 1, "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 32}
+    with pytest.raises(ValueError, match=r"`models\.student\.vocab_size` \(8\) is smaller than the tokenizer's"):
+        build_random(arch, "student", tokenizer, tmp_path)
+    assert not (tmp_path / "random-init").exists()
 
 
 def test_missing_upstream_checkpoint(world, finished_run, tmp_path):
