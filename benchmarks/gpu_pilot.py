@@ -15,7 +15,7 @@ state, the teacher in bfloat16, activation checkpointing, logit chunks of 4096 p
 What is not ``opdgrpo.train.train``: ``train()`` loads its models and tokenizer from disk (``from_pretrained``; the
 Qwen tokenizer is a hub download), builds verifiable domains, evaluates held-out sets and writes checkpoints (16 GB of
 float32 4B weights plus AdamW state: minutes of disk I/O). So the pilot builds the ``Run`` that ``train._setup``
-would (the same calls: ``Workers.prepare``, ``enable_activation_checkpointing``, ``build_objective``, ``_settings``,
+would (the same calls: ``Workers.prepare``, ``enable_activation_checkpointing``, ``build_objective``, ``RunShape.of``,
 ``matmul_peak``) around models built in place on the GPU with ``opdgrpo.models.build_model`` (random init, no
 downloads), a tokenizer that writes token ids as words (the sampler's interface: encode, decode, pad and EOS ids)
 and one synthetic domain. Its reward is a deterministic function of the sampled tokens (the share of even token ids
@@ -312,10 +312,13 @@ def make_run(args: argparse.Namespace, method: str, workers, peak: dict[str, Any
     from opdgrpo.batching import domain_counts
     from opdgrpo.models import enable_activation_checkpointing
     from opdgrpo.objectives import build_objective
+    from opdgrpo.precision import resolve as resolve_precision
     from opdgrpo.rollout import PromptFormat
+    from opdgrpo.run_shape import RunShape
 
     cfg = run_config(args, method)
-    settings = T._settings(cfg, workers)
+    shape = RunShape.of(cfg, workers.world)
+    precision = resolve_precision(shape.precision, workers.device)
     vocab = architecture(args.student)["vocab_size"]
     domain = SyntheticDomain(vocab, args.prompts * args.steps, args.prompt_tokens, args.seed)
     pools = {domain.name: domain.training_pool()}
@@ -326,14 +329,14 @@ def make_run(args: argparse.Namespace, method: str, workers, peak: dict[str, Any
     student = build(args.student, workers.device, torch.float32, args.attn, args.seed, trainable=True)
     if args.activation_checkpointing:
         enable_activation_checkpointing(student)
-    objective = build_objective(cfg["method"], teachers, settings["precision"], temperature=1.0,
-                                chunk_tokens=settings["logit_chunk_tokens"])
+    objective = build_objective(cfg["method"], teachers, precision, temperature=1.0,
+                                chunk_tokens=shape.logit_chunk_tokens)
     method_cfg = cfg["method"]
     model, optimizer = workers.prepare(student, lambda params: torch.optim.AdamW(
         params, lr=float(method_cfg["lr"]), betas=tuple(method_cfg["betas"]), weight_decay=float(method_cfg["weight_decay"])))
     run = T.Run(cfg, scratch, workers, IdTokenizer(vocab), {domain.name: domain}, pools, {},
-                domain_counts(pools, settings["prompts_per_step"], "balanced"), PromptFormat(), student, model,
-                optimizer, objective, "gpu-pilot", peak, None, settings=settings)
+                domain_counts(pools, shape.prompts_per_step, "balanced"), PromptFormat(), student, model,
+                optimizer, objective, "gpu-pilot", peak, None, shape=shape, precision=precision)
     return run, teachers
 
 
@@ -377,7 +380,7 @@ def phase_timers(device, out: dict[str, Any]) -> Iterator[None]:
 def step_record(run, step: int, stats, wall: float, phases: dict[str, Any], peaks: dict[str, float | None]) -> dict[str, Any]:
     """The step's ledger line (the trainer's own, ``StepStats.ledger_line``) and the pilot's rates."""
     line = stats.ledger_line(step, sum(stats.flops.values()), run.optimizer.param_groups[0]["lr"], wall,
-                             losses=run.settings["shards"] * run.settings["updates_per_batch"])
+                             losses=run.shape.shards * run.shape.updates_per_batch)
     if stats.skipped:
         raise RuntimeError(f"step {step} was skipped: non-finite {stats.skipped}")
     sample_s, train_s = phases["seconds"].get("sample", 0.0), phases["seconds"].get("train", 0.0)
@@ -388,7 +391,7 @@ def step_record(run, step: int, stats, wall: float, phases: dict[str, Any], peak
     def mfu(flops_per_s: float, peak: float | None) -> float | None:
         return flops_per_s / peak if peak else None
 
-    sequences = run.settings["prompts_per_step"] * run.objective.rollouts_per_prompt
+    sequences = run.shape.rows_per_step
     return {"step": step, "sequences": sequences, "sequence_tokens": tokens["train"] / sequences,
             "new_tokens_per_row": tokens["completion"] / sequences, "seconds": wall,
             "phase_seconds": {"sample_and_score": sample_s, "train_and_update": train_s,

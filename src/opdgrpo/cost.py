@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 
 from . import flops as flop_formulas
 from .config import ConfigError
+from .run_shape import RunShape
 from .studies import REGISTRY
 
 UNITS = {"FLOP": 1.0, "GFLOP": 1e9, "TFLOP": 1e12, "PFLOP": 1e15, "EFLOP": 1e18}
@@ -224,13 +225,11 @@ def step_flops(student: Any, rows: Mapping[str, int], lengths: Mapping[str, Leng
             "reference": forward if passes.get("reference") else 0.0, "teacher": float(teacher)}
 
 
-def method_passes(method: Mapping[str, Any]) -> dict[str, Any]:
-    """What a run's ``method`` block adds to a step beyond one training pass, as the trainer reads it: ``updates``
-    training passes over the batch, an ``old_policy`` forward when the batch gets more than one optimiser update,
-    a ``reference`` forward (of the initial student, so the student's shape) when ``beta > 0``."""
-    updates, minibatches = int(method.get("updates_per_batch", 1)), int(method.get("minibatches", 1))
-    return {"updates": updates, "old_policy": updates * minibatches > 1,
-            "reference": float(method.get("beta") or 0.0) > 0}
+def method_passes(shape: RunShape) -> dict[str, Any]:
+    """What a run's shape adds to a step beyond one training pass, as the trainer reads it: ``updates`` training
+    passes over the batch, an ``old_policy`` forward when the batch gets more than one optimiser update, a
+    ``reference`` forward (of the initial student, so the student's shape) when ``beta > 0``."""
+    return {"updates": shape.updates_per_batch, "old_policy": shape.old_policy, "reference": shape.reference}
 
 
 # -- runs -------------------------------------------------------------------------------------------------------
@@ -279,14 +278,12 @@ def rows_per_domain(run_cfg: Mapping[str, Any], pool_cache: dict[str, int] | Non
     samples per prompt (GRPO's group size, OPD's rollouts per prompt)."""
     from .batching import domain_counts
 
-    method, train = run_cfg["method"], run_cfg["train"]
-    per_prompt = int(method["group_size"] if method["name"] == "grpo" else method["rollouts_per_prompt"])
+    shape = RunShape.of(run_cfg)
     names = list(run_cfg["train_domains"])
-    mix = str(train.get("mix") or "balanced")
     sizes = _pool_sizes(run_cfg["domains"], names, {} if pool_cache is None else pool_cache) \
-        if mix == "instance" and len(names) > 1 else {d: 1 for d in names}
-    counts = domain_counts({d: range(sizes[d]) for d in names}, int(train["prompts_per_step"]), mix)
-    return {d: c * per_prompt for d, c in counts.items()}
+        if shape.mix == "instance" and len(names) > 1 else {d: 1 for d in names}
+    counts = domain_counts({d: range(sizes[d]) for d in names}, shape.prompts_per_step, shape.mix)
+    return {d: c * shape.rows_per_prompt for d, c in counts.items()}
 
 
 def estimate_run(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], block: Mapping[str, Any] | None = None,
@@ -303,9 +300,10 @@ def estimate_run(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], bloc
     if rc["method"]["name"] == "opd":
         teachers = {d: architecture(cfg, model_of(rc["teachers"][d]["from"], jobs)) for d in rows}
         teacher_names = {d: _display(rc["teachers"][d]["from"], jobs) for d in rows}
-    packed = bool(rc["train"].get("max_tokens_per_microbatch"))
-    per_step = step_flops(student, rows, lengths, max_new, teachers, method_passes(rc["method"]), packed)
-    steps = int(rc["method"]["steps"])
+    shape = RunShape.of(rc)   # FLOPs do not depend on how many processes share the step
+    per_step = step_flops(student, rows, lengths, max_new, teachers, method_passes(shape),
+                          packed=shape.microbatch_tokens is not None)
+    steps = shape.steps
     batch = sum(rows.values())
     live = [d for d, n in rows.items() if n > 0]
     mean = lambda attr: sum(getattr(lengths[d], attr) * rows[d] for d in live) / batch  # noqa: E731

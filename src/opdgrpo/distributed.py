@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 
 from . import fsdp, schema
+from .run_shape import DEFAULT_DISTRIBUTED
 
 log = logging.getLogger("opdgrpo.distributed")
 
@@ -64,7 +65,7 @@ class Workers:
     def from_config(cls, train: Mapping[str, Any]) -> "Workers":
         """``train.distributed`` (default ``ddp``) and ``train.fsdp`` (read only under ``fsdp``; set under another
         strategy it is a config error: ``opdgrpo.config``)."""
-        workers = cls(str(train.get("distributed", "ddp")))
+        workers = cls(str(train.get("distributed") or DEFAULT_DISTRIBUTED))
         workers.policy = fsdp.Policy.from_config(train, workers.device)   # `precision: auto` resolves on the device
         workers.engine_samples = str(train.get("engine") or "hf") == "vllm"
         return workers

@@ -33,20 +33,15 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 #: ``train.logit_chunk_tokens``' default: response positions whose full-vocabulary logits exist at once. 4096 x
-#: 151,936 float32 values is 2.5 GB (Qwen3's vocabulary); the tiny profile's shards (128 rows x 32 new tokens) fit in
-#: one chunk, so its numbers do not move.
-DEFAULT_CHUNK_TOKENS = 4096
+#: The default chunk (:data:`opdgrpo.run_shape.DEFAULT_CHUNK_TOKENS`, 4096 positions): 4096 x 151,936 float32 values
+#: is 2.5 GB (Qwen3's vocabulary); the tiny profile's shards (128 rows x 32 new tokens) fit in one chunk, so its
+#: numbers do not move.
 
 #: ``reduce(logits, *extras) -> tuple of tensors``: per-position values of ``logits`` ``(b, t, V)``; every output and
 #: extra has ``(b, t)`` as its leading dimensions.
 Reduce = Callable[..., tuple[torch.Tensor, ...]]
 #: ``head(hidden) -> logits``: the model's LM head.
 Head = Callable[[torch.Tensor], torch.Tensor]
-
-
-def chunk_tokens(train: dict) -> int:
-    """``train.logit_chunk_tokens`` (schema: an integer >= 1), or the default."""
-    return int(train.get("logit_chunk_tokens") or DEFAULT_CHUNK_TOKENS)
 
 
 def _apply(head: Head, reduce: Reduce, hidden: torch.Tensor, *extras: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -24,10 +24,11 @@ import torch
 from . import flops as flop_formulas
 from .domains import Task
 from .inference import FrozenForward
-from .logit_chunks import DEFAULT_CHUNK_TOKENS, Reduce
+from .logit_chunks import Reduce
 from .losses import group_advantages, grpo_loss, student_topk, token_logprobs, topk_reverse_kl_from_topk
 from .models import autocast
 from .rollout import ScoredRollouts
+from .run_shape import DEFAULT_CHUNK_TOKENS
 
 #: ``check(tensor, component, label) -> tensor``: the trainer's guard (see the module docstring).
 Check = Callable[[torch.Tensor, str, str], torch.Tensor]

@@ -17,19 +17,14 @@ with one warning per process, since the budget then no longer bounds memory.
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Sequence
+
+from .run_shape import check_budget
 
 log = logging.getLogger("opdgrpo.packing")
 _warned: set[str] = set()
 
 
-def check_budget(value: Any, key: str) -> int | None:
-    """``value`` as a token budget: None, or an int >= 1 (a bool is not an int here); else ValueError naming ``key``."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"config key `{key}` must be a positive integer (tokens) or null, got {value!r}")
-    return value
 
 
 def _warn_once(key: str, tokens: int, cap: int) -> None:

@@ -20,8 +20,8 @@ from typing import Any, Mapping, Sequence
 from .config import ConfigError
 from .cost import architecture, cost_block, estimate_run, lengths_for, model_of
 from .engine_memory import EngineStart, decode_seconds, engine_start
-from .logit_chunks import chunk_tokens
 from .memory_model import ADAM_STATE_BYTES, GIB, Shape, activation_bytes, kv_cache_bytes, layer_params, logit_chunk_bytes, params, root_params
+from .run_shape import RunShape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -135,11 +135,10 @@ def _compute_bytes(train: Mapping[str, Any]) -> int:
 
 
 def _train_static(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape, teachers: Sequence[Shape],
-                  world: int) -> tuple[dict[str, float], int]:
+                  shape: RunShape) -> tuple[dict[str, float], int]:
     """Weights, gradients, optimizer state and teachers per device; and the residual stream's bytes."""
     t = rc["train"]
-    strategy = str(t.get("distributed") or "ddp")   # the trainer's default (opdgrpo.distributed.Workers.from_config)
-    sharded = strategy == "fsdp" and world > 1
+    sharded, world = shape.sharded, shape.world
     shards = world if sharded else 1
     master = _bytes(t.get("param_dtype"))
     compute = _compute_bytes(t)
@@ -155,22 +154,15 @@ def _train_static(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape,
               # FSDP: the unsharded gradients of two layers before their reduce-scatter, and the root unit's
               # (embedding, LM head), which the LM head's backward starts first and which is reduced last: it is
               # held through the whole backward, beside the activations (not measured on a GPU yet)
-              "gradients": master * n / shards * (2 if strategy == "ddp" and world > 1 else 1)
+              "gradients": master * n / shards * (2 if shape.distributed == "ddp" and world > 1 else 1)
               + (gathered * (2 * layer_params(student) + root_params(student)) if sharded else 0.0),
               "optimizer": ADAM_STATE_BYTES * n / shards}
     frozen = [(s, _bytes(t.get("teacher_dtype"))) for s in teachers]
-    if float(rc["method"].get("beta") or 0.0) > 0:   # the frozen reference: the initial student, in the master dtype
+    if shape.reference:   # the frozen reference: the initial student, in the master dtype
         frozen.append((student, master))
     if frozen:
         static["teachers"] = sum(_frozen(s, b, shards, sharded) for s, b in frozen)
     return static, gathered if sharded else master
-
-
-def _shard_rows(rc: Mapping[str, Any], world: int) -> int:
-    t, method = rc["train"], rc["method"]
-    per_prompt = int(method["group_size"] if method["name"] == "grpo" else method["rollouts_per_prompt"])
-    shards = int(t.get("micro_batches") or world * int(method.get("minibatches", 1)))
-    return max(1, math.ceil(int(t["prompts_per_step"]) * per_prompt / shards))
 
 
 def _train_row(cfg: Mapping[str, Any], rc: Mapping[str, Any]) -> int:
@@ -189,14 +181,14 @@ def max_model_len(settings: Mapping[str, Any], row: int) -> int:
 
 
 def _train_phases(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape, teachers: Sequence[Shape],
-                  world: int, residual: int) -> dict[str, float]:
+                  shape: RunShape, residual: int) -> dict[str, float]:
     t = rc["train"]
     compute = _compute_bytes(t)
     row = _train_row(cfg, rc)
-    rows = _shard_rows(rc, world)
-    tokens = min(rows * row, int(t.get("max_tokens_per_microbatch") or rows * row))
+    rows = shape.rows_per_shard
+    tokens = min(rows * row, shape.microbatch_tokens or rows * row)
     attention = str(t.get("attn_implementation", "eager"))
-    chunk = min(chunk_tokens(t), tokens)
+    chunk = min(shape.logit_chunk_tokens, tokens)
     passes = activation_bytes(student, tokens, row, residual, compute, bool(t.get("activation_checkpointing")),
                               attention) + logit_chunk_bytes(student, chunk)
     # one teacher per shard (a shard is one prompt's group, one domain): its final hidden states kept for the
@@ -222,8 +214,9 @@ def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw
     student = Shape.of(architecture(cfg, model_of(rc["student"]["from"], jobs)))
     refs = sorted({spec["from"] for spec in (rc.get("teachers") or {}).values()})   # one model per distinct teacher
     teachers = [Shape.of(architecture(cfg, model_of(ref, jobs))) for ref in refs]
-    static, residual = _train_static(cfg, rc, student, teachers, world)
-    phases = _train_phases(cfg, rc, student, teachers, world, residual)
+    shape = RunShape.of(rc, world)
+    static, residual = _train_static(cfg, rc, student, teachers, shape)
+    phases = _train_phases(cfg, rc, student, teachers, shape, residual)
     engine = None
     if rc["train"].get("engine") == "vllm" and hw:   # sampling and evaluation inside the engine's reservation
         settings = rc["train"].get("vllm") or {}
@@ -255,10 +248,10 @@ def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw
         evaluation = (evals * 2 * params(student) * eval_rows * (prompt + mean)
                       / (world * hw.bf16_tflops * 1e12 * hw.sampling_mfu) / 3600)
         est.hours = rollout + rest + evaluation
-        steps = max(1, int(rc["method"]["steps"]))
+        steps = max(1, shape.steps)
         step_h, eval_h = (rollout + rest) / steps, evaluation / evals
         if engine is not None and hw.memory_tbps:   # rollouts: one call per GPU a step; evaluation: a share each
-            waves = steps * decode_seconds(engine, _shard_rows(rc, world), new, mean, hw.memory_tbps) / 3600
+            waves = steps * decode_seconds(engine, shape.rows_per_shard, new, mean, hw.memory_tbps) / 3600
             eval_waves = evals * decode_seconds(engine, math.ceil(eval_rows / world), new, mean, hw.memory_tbps) / 3600
             est.hours_high = max(rollout, waves) + rest + max(evaluation, eval_waves)
             step_h, eval_h = (max(rollout, waves) + rest) / steps, max(evaluation, eval_waves) / evals

@@ -28,7 +28,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -42,16 +42,16 @@ from .distributed import Workers
 from .domains import Task, build_domain
 from .evaluation import evaluate, heldout_for
 from .inference import FrozenForward
-from .logit_chunks import chunk_tokens, reduced_forward
+from .logit_chunks import reduced_forward
 from .losses import aggregation_count
 from .microbatch import repack
 from .models import autocast, enable_activation_checkpointing, load_model, parameter_count
 from .objectives import Objective, Shard, build_objective, position_ids
-from .packing import check_budget
 from .peak import mfu_summary, run_peak
 from .precision import resolve as resolve_precision
 from .progress import Progress, clock
 from .rollout import PromptFormat, sample_and_score
+from .run_shape import RunShape
 from .runio import append_jsonl, keep_records, read_jsonl, write_json, write_yaml
 from .step_stats import StepStats, components
 from .subsets import restrict_to_subset
@@ -135,7 +135,8 @@ class Run:
     start: int = 0
     cumulative: float = 0.0
     streak: int = 0                # non-finite steps skipped in a row
-    settings: dict[str, Any] = field(default_factory=dict)
+    shape: RunShape | None = None      # steps, shards, passes and caps (opdgrpo.run_shape)
+    precision: str = "fp32"            # the shape's precision resolved on this device
     progress: Progress | None = None   # lines in the job's log (main process)
     tracker: Tracker | None = None     # train.report_to (main process)
     reference: FrozenForward | None = None   # GRPO's frozen reference model (beta > 0), else None
@@ -198,9 +199,9 @@ def expandable_segments() -> bool:
 def _loop(run: Run, stop: dict[str, Any]) -> dict[str, Any]:
     """Every step from ``run.start``, then the final evaluation and checkpoint; returns the final evaluation.
     ``stop["signal"]``: a SIGTERM/SIGINT noted by :func:`_stop_requests` (checkpoint and stop after the step)."""
-    settings = run.settings
-    for step in range(run.start, settings["steps"]):
-        if step % settings["eval_every"] == 0:
+    shape = run.shape
+    for step in range(run.start, shape.steps):
+        if step % shape.eval_every == 0:
             _evaluate(run, step)
             if step > run.start and run.workers.any(stop["signal"] is not None):
                 _stop_before(run, step, stop)   # the warning came during the evaluation: no step after it
@@ -215,13 +216,13 @@ def _loop(run: Run, stop: dict[str, Any]) -> dict[str, Any]:
             run.tracker.step(line)
             run.progress.step(step + 1, _progress_values(line, wall), wall)
         stopping = run.workers.any(stop["signal"] is not None)
-        if (step + 1) % settings["checkpoint_every"] == 0 or stopping:
+        if (step + 1) % shape.checkpoint_every == 0 or stopping:
             _checkpoint(run, step + 1)
         if stopping:
             raise Interrupted(f"run {run.cfg['run_id']}: signal {stop['signal']} after step {step}; "
                               "checkpoint saved, rerun to resume")
-    final = _evaluate(run, settings["steps"])
-    _checkpoint(run, settings["steps"])
+    final = _evaluate(run, shape.steps)
+    _checkpoint(run, shape.steps)
     return final
 
 
@@ -229,7 +230,7 @@ def _stop_before(run: Run, step: int, stop: dict[str, Any]) -> None:
     """Stop at the start of ``step``: checkpoint the state after ``step`` updates unless the last periodic checkpoint
     holds it. So SLURM's warning needs to cover an evaluation or a step, not both; the attempt made progress
     (``step > run.start``), and the next one redoes this evaluation (it resumes at ``step``)."""
-    if step % run.settings["checkpoint_every"] != 0:
+    if step % run.shape.checkpoint_every != 0:
         _checkpoint(run, step)
     raise Interrupted(f"run {run.cfg['run_id']}: signal {stop['signal']} during the evaluation at step {step}; "
                       "checkpoint saved, rerun to resume")
@@ -240,7 +241,7 @@ def _step(run: Run, step: int) -> StepStats:
     micro-batches (the shards, or rows repacked by ``train.max_tokens_per_microbatch``); the log-probs fixed over
     the batch; then per pass over the batch and mini-batch: forward/loss/backward per micro-batch, update."""
     _set_lr(run, step)
-    stats, where = StepStats.of(run.settings["components"]), f"run {run.cfg['run_id']} step {step}"
+    stats, where = StepStats.of(components(reference=run.shape.reference)), f"run {run.cfg['run_id']} step {step}"
     try:
         guard = Guard(run.workers, where, step)
         shards = _sample(run, step, stats, guard)                                   # 1. rollouts and rewards
@@ -249,7 +250,7 @@ def _step(run: Run, step: int) -> StepStats:
         minibatches = _minibatches(run, shards)                                     # 2. micro-batches by update
         _fixed_logprobs(run, [m for group in minibatches for m in group], stats,    # 3. old policy, reference
                         Guard(run.workers, where, step))
-        for epoch in range(run.settings["updates_per_batch"]):                      # 4. passes over the batch,
+        for epoch in range(run.shape.updates_per_batch):                      # 4. passes over the batch,
             for minibatch in minibatches:                                           #    one update per mini-batch
                 _train_minibatch(run, step, minibatch, stats, where, first_pass=epoch == 0)
         run.streak = 0
@@ -279,7 +280,7 @@ def _set_lr(run: Run, step: int) -> None:
 def _sample(run: Run, step: int, stats: StepStats, guard: Guard) -> list[Shard]:
     """The student samples ``rollouts_per_prompt`` completions of each of its shards' prompts; verifiers score them."""
     prompts = batch_tasks(run.pools, run.counts, step, int(run.cfg["seed"]))
-    bounds, shared = shard_bounds(len(prompts), run.settings["shards"]), run.cfg["train"]
+    bounds, shared = shard_bounds(len(prompts), run.shape.shards), run.cfg["train"]
     per_prompt, device, shards = run.objective.rollouts_per_prompt, run.workers.device, []
     # OPD's loss does not read rewards: `score_rollouts: false` leaves the ledger's `reward` null and skips the
     # verifiers (the code sandbox is about a third of an OPD code step); held-out evaluation scores as always.
@@ -288,10 +289,10 @@ def _sample(run: Run, step: int, stats: StepStats, guard: Guard) -> list[Shard]:
         policy.eval()
         if run.engine:   # the weights after ``step`` updates, into the engine in memory (once per version)
             run.engine.sync(policy, version=step)
-        for s in run.settings["mine"]:
+        for s in run.shape.mine(run.workers.rank):
             tasks = [t for t in prompts[bounds[s][0]:bounds[s][1]] for _ in range(per_prompt)]
             generator = torch.Generator(device=device).manual_seed(rollout_seed(int(run.cfg["seed"]), step, s))
-            with autocast(run.settings["precision"], device.type):
+            with autocast(run.precision, device.type):
                 scored = sample_and_score(policy, run.tokenizer, run.domains, tasks, max_new_tokens=int(shared["max_new_tokens"]),
                                           temperature=float(shared["temperature"]), generator=generator, fmt=run.fmt,
                                           engine=run.engine, with_rewards=stats.scored)
@@ -309,10 +310,10 @@ def _fixed_logprobs(run: Run, shards: list[Shard], stats: StepStats, guard: Guar
     """Before the first update, without gradients: each shard's log-probs under the sampling policy when the batch
     gets more than one update (the PPO ratio's denominator; ledger ``old_policy``), and under the frozen reference
     model when GRPO has a KL term (``beta > 0``; ledger ``reference``). Nothing with one update and no reference."""
-    old_policy = run.settings["updates_per_batch"] * run.settings["minibatches"] > 1
+    old_policy = run.shape.old_policy
     if not old_policy and run.reference is None:
         return
-    with torch.no_grad(), autocast(run.settings["precision"], run.workers.device.type):
+    with torch.no_grad(), autocast(run.precision, run.workers.device.type):
         for shard in shards:
             attn, keep = shard.attention_mask, shard.new_tokens + 1
             one = _one_chunk(run, shard)
@@ -334,7 +335,7 @@ def _fixed_logprobs(run: Run, shards: list[Shard], stats: StepStats, guard: Guar
                 else:
                     (shard.ref_logprobs,) = run.reference.reduced(
                         shard.sequences, attn, position_ids(attn), keep,
-                        *_logprob_reduce(run, shard, guard, "reference_logits", None), run.settings["logit_chunk_tokens"])
+                        *_logprob_reduce(run, shard, guard, "reference_logits", None), run.shape.logit_chunk_tokens)
                 stats.flops["reference"] += flop_formulas.forward_flops(run.reference.model.config,
                                                                         *shard.sequences.shape, logits_positions=keep)
     guard.agree()
@@ -358,14 +359,14 @@ class _Targets:
 
 def _minibatches(run: Run, shards: list[Shard]) -> list[list[Shard]]:
     """This process's training micro-batches by mini-batch: the step's shards cut into ``method.minibatches``
-    consecutive groups (``_settings`` makes every group hold the same number of shards of every process); with
+    consecutive groups (``RunShape.of`` makes every group hold the same number of shards of every process); with
     ``train.max_tokens_per_microbatch`` each group's rows repacked by length within it (:mod:`opdgrpo.microbatch`),
     as many micro-batches on every process."""
-    per_minibatch = run.settings["shards"] // run.settings["minibatches"]
-    groups: list[list[Shard]] = [[] for _ in range(run.settings["minibatches"])]
-    for index, shard in zip(run.settings["mine"], shards):
+    per_minibatch = run.shape.shards // run.shape.minibatches
+    groups: list[list[Shard]] = [[] for _ in range(run.shape.minibatches)]
+    for index, shard in zip(run.shape.mine(run.workers.rank), shards):
         groups[index // per_minibatch].append(shard)
-    cap = run.settings["microbatch_tokens"]
+    cap = run.shape.microbatch_tokens
     if cap is None:
         return groups
     return [repack(group, cap, run.workers.max, int(run.tokenizer.pad_token_id), run.objective.advantages)
@@ -395,7 +396,7 @@ def _normalizer(run: Run, shards: list[Shard]) -> float | None:
     """The whole update's token (or sequence) count (its mini-batch over every process), so the micro-batches'
     losses add up to the loss of one big batch whatever their grouping; None when the update is one shard trained
     as it was sampled (its own count is the same)."""
-    if run.settings["shards"] == run.settings["minibatches"] and run.settings["microbatch_tokens"] is None:
+    if run.shape.one_pass_per_shard:
         return None
     local = sum(aggregation_count(shard.mask, run.objective.aggregation) for shard in shards)
     return run.workers.sum([local])[0]
@@ -410,7 +411,7 @@ def _forward_and_loss(run: Run, shard: Shard, normalizer: float | None, guard: G
     """The student's training forward over the shard's sequences and the objective's loss on its response logits."""
     attn = shard.attention_mask
     if _one_chunk(run, shard):   # the shard's logits fit in one chunk: the full logits, as before
-        with autocast(run.settings["precision"], run.workers.device.type):
+        with autocast(run.precision, run.workers.device.type):
             logits = run.model(input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
                                logits_to_keep=shard.new_tokens + 1).logits[:, :-1]
         stats.flops["train"] += _student_flops(run, shard)   # the forward; its backward is counted after it
@@ -428,15 +429,15 @@ def _forward_and_loss(run: Run, shard: Shard, normalizer: float | None, guard: G
 
 def _one_chunk(run: Run, shard: Shard) -> bool:
     """Whether the shard's response logits fit in one ``train.logit_chunk_tokens`` chunk."""
-    return shard.sequences.shape[0] * shard.new_tokens <= run.settings["logit_chunk_tokens"]
+    return shard.sequences.shape[0] * shard.new_tokens <= run.shape.logit_chunk_tokens
 
 
 def _chunked_forward(run: Run, model: torch.nn.Module, shard: Shard, reduce, extras) -> tuple[torch.Tensor, ...]:
     """``reduce`` over the student's response logits, ``train.logit_chunk_tokens`` positions at a time, inside the
     (DDP- or FSDP-wrapped) model's own forward; recomputed chunk by chunk in the backward when gradients flow."""
     attn = shard.attention_mask
-    with autocast(run.settings["precision"], run.workers.device.type):
-        return reduced_forward(model, reduce, extras, run.settings["logit_chunk_tokens"], run.workers.unwrap(model),
+    with autocast(run.precision, run.workers.device.type):
+        return reduced_forward(model, reduce, extras, run.shape.logit_chunk_tokens, run.workers.unwrap(model),
                                input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
                                logits_to_keep=shard.new_tokens + 1)
 
@@ -455,7 +456,7 @@ def _skip_or_stop(run: Run, err: NonFinite) -> str:
     """``train.nonfinite``: raise (stop), or drop the step without an update and return the culprit (skip)."""
     run.optimizer.zero_grad(set_to_none=True)
     kept = f"the last good checkpoint is kept in {run.run_dir} and a rerun resumes from it"
-    policy, max_skips = run.settings["nonfinite"], run.settings["max_skips"]
+    policy, max_skips = run.shape.nonfinite, run.shape.max_skips
     if policy == "stop":
         raise NonFinite(f"{err}; run stopped (train.nonfinite: stop), {kept}", err.component) from None
     if run.streak >= max_skips:
@@ -475,7 +476,7 @@ def _evaluate(run: Run, step: int) -> dict[str, Any]:
     """Held-out avg@k of the current policy; one line of ``evals.jsonl`` (its FLOPs are never training FLOPs)."""
     shared, ev = run.cfg["train"], run.cfg["train"]["eval"]
     t0 = time.time()
-    with run.workers.full_params(run.model) as policy, autocast(run.settings["precision"], run.workers.device.type), \
+    with run.workers.full_params(run.model) as policy, autocast(run.precision, run.workers.device.type), \
             _engine_awake(run):
         if run.engine:
             run.engine.sync(policy, version=step)
@@ -527,7 +528,7 @@ def _stop_requests() -> Iterator[dict[str, Any]]:
 
 def _finish(run: Run, final: dict[str, Any], started: float) -> dict[str, Any]:
     """``done.json``: the run's totals, FLOPs by component, MFU, and the machine's numerics."""
-    summary = {"run": run.cfg["run_id"], "method": run.objective.name, "steps": run.settings["steps"],
+    summary = {"run": run.cfg["run_id"], "method": run.objective.name, "steps": run.shape.steps,
                "cumulative_flops": run.cumulative, "final_eval": final["results"], "parameters": parameter_count(run.student),
                "processes": run.workers.world, "wall_s": round(time.time() - started, 1), "counted": True,
                "numerics": numerics.report()}   # the machine's fingerprint and which exact fast paths ran
@@ -545,7 +546,7 @@ def _finish(run: Run, final: dict[str, Any], started: float) -> dict[str, Any]:
         if run.subset:
             summary["train_subset"] = run.subset
         write_json(run.run_dir / "done.json", summary)
-        run.progress.event("done", {"steps": run.settings["steps"], "wall": clock(summary["wall_s"]),
+        run.progress.event("done", {"steps": run.shape.steps, "wall": clock(summary["wall_s"]),
                                     "flops": run.cumulative, "mfu": summary.get("mfu")})
     run.workers.barrier()
     return summary
@@ -555,41 +556,20 @@ def _finish(run: Run, final: dict[str, Any], started: float) -> dict[str, Any]:
 # Setting a run up: settings, data, resume point, models
 
 
-def _settings(cfg: dict[str, Any], workers: Workers) -> dict[str, Any]:
-    """The numbers the loop reads, checked (``check_run_inputs`` has checked the method and domains)."""
-    shared = cfg["train"]   # checked against the train schema by check_run_inputs
-    nonfinite, max_skips = str(shared.get("nonfinite", "stop")), int(shared.get("max_nonfinite_skips", 3))
-    prompts_per_step = int(shared["prompts_per_step"])
-    method = cfg["method"]   # GRPO's knobs; 1 where the method has none (the schema refuses them for OPD)
-    updates, minibatches = int(method.get("updates_per_batch", 1)), int(method.get("minibatches", 1))
-    shards = int(shared.get("micro_batches") or workers.world * minibatches)
-    if shards % (workers.world * minibatches) or prompts_per_step % shards:
-        raise ValueError(f"config key `train.micro_batches` ({shards}) must be a multiple of the number of processes "
-                         f"({workers.world}) times `method.minibatches` ({minibatches}) and divide "
-                         f"`train.prompts_per_step` ({prompts_per_step})")
-    return {"steps": int(method["steps"]), "eval_every": int(shared["eval_every"]),
-            "checkpoint_every": int(shared["checkpoint_every"]), "precision": resolve_precision(str(shared.get("precision", "fp32")), workers.device),
-            "nonfinite": nonfinite, "max_skips": max_skips, "prompts_per_step": prompts_per_step, "shards": shards,
-            "updates_per_batch": updates, "minibatches": minibatches, "logit_chunk_tokens": chunk_tokens(shared),
-            "components": components(reference=float(method.get("beta") or 0.0) > 0),
-            "microbatch_tokens": check_budget(shared.get("max_tokens_per_microbatch"), "train.max_tokens_per_microbatch"),
-            # this process's shards of every step
-            "mine": [s for s in range(shards) if s % workers.world == workers.rank]}
-
-
 def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
     torch.set_num_threads(int(cfg["threads"]))
     # The tokenizer's batch calls (Rust, rayon) would otherwise use every core of a machine Snakemake already fills
     # with one-thread jobs; a value set by the user wins.
     os.environ.setdefault("RAYON_NUM_THREADS", str(int(cfg["threads"])))
-    settings = _settings(cfg, workers)
+    shape = RunShape.of(cfg, workers.world)
+    precision = resolve_precision(shape.precision, workers.device)
     shared = cfg["train"]
     tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
     domains = {name: build_domain(d) for name, d in cfg["domains"].items()}
     pools = {d: domains[d].training_pool() for d in cfg["train_domains"]}
     heldout = heldout_for(domains, cfg["eval_domains"])
     subset = restrict_to_subset(pools, heldout, cfg["train_subset"]) if cfg.get("train_subset") else None
-    counts = domain_counts(pools, settings["prompts_per_step"], str(shared.get("mix", "balanced")))
+    counts = domain_counts(pools, shape.prompts_per_step, shape.mix)
 
     identity, checkpoint, state = _resume_point(cfg, run_dir, workers)
     param_dtype = getattr(torch, str(shared.get("param_dtype", "float32")))
@@ -598,23 +578,23 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
                          attn_implementation=attention).to(workers.device)
     if shared.get("activation_checkpointing"):
         enable_activation_checkpointing(student)
-    objective = build_objective(cfg["method"], _teachers(cfg, workers, attention), settings["precision"],
-                                temperature=float(shared["temperature"]), chunk_tokens=settings["logit_chunk_tokens"])
+    objective = build_objective(cfg["method"], _teachers(cfg, workers, attention), precision,
+                                temperature=float(shared["temperature"]), chunk_tokens=shape.logit_chunk_tokens)
     method = cfg["method"]
     # The denominator of MFU, measured once per process before any step (never inside a step's wall time).
-    peak = run_peak(settings["precision"], param_dtype, workers.device)
+    peak = run_peak(precision, param_dtype, workers.device)
     # DDP replicas or FSDP shards when several processes share the run; the optimizer over what this process trains.
     model, optimizer = workers.prepare(student, lambda params: torch.optim.AdamW(
         params, lr=float(method["lr"]), betas=tuple(method["betas"]), weight_decay=float(method["weight_decay"])))
     run = Run(cfg, run_dir, workers, tokenizer, domains, pools, heldout, counts, PromptFormat.from_config(shared),
-              student, model, optimizer, objective, identity, peak, subset, settings=settings,
+              student, model, optimizer, objective, identity, peak, subset, shape=shape, precision=precision,
               reference=_reference(cfg, workers.device, attention, param_dtype))
     if state:
         _resume(run, state)
     run.engine = _engine(run)
     if run.main:
         write_yaml(run_dir / "config.yaml", cfg)
-        run.progress = Progress(cfg["run_id"], settings["steps"], run.start)
+        run.progress = Progress(cfg["run_id"], shape.steps, run.start)
         run.tracker = Tracker(shared.get("report_to"), run_dir, cfg["run_id"], cfg, run.start)
     return run
 

@@ -32,6 +32,16 @@ def smoke_dag(tmp_path_factory) -> Path:
     return workdir
 
 
+@pytest.fixture(scope="session")
+def paper_dry_run(tmp_path_factory) -> subprocess.CompletedProcess:
+    """``snakemake -n --config profile=paper`` from the repository root, as a user runs it (offline; nothing is
+    fetched): the paper's whole DAG with what each job asks SLURM for. test_snakemake_cli.py reads its resources,
+    test_rehearsal.py its rules."""
+    out = tmp_path_factory.mktemp("paper")
+    return subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--config", "profile=paper",
+                           f'overrides=["results_dir={out}"]'], capture_output=True, text=True, timeout=900, cwd=REPO)
+
+
 #: The rehearsal's run killed (SIGKILL in step 2's update, after the step-1 checkpoint) and resumed: joint GRPO, 3 steps.
 REHEARSAL_KILLED = "grpo-student-math+code-s0"
 

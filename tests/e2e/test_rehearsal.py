@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,14 +22,10 @@ RULE = re.compile(r"^(?:local)?rule (\w+):", flags=re.M)
 
 
 @pytest.fixture(scope="module")
-def paper_rules(tmp_path_factory) -> set[str]:
-    """The rules a paper run executes: a dry run of ``profile=paper`` (offline; nothing is downloaded)."""
-    out = tmp_path_factory.mktemp("paper_dry")
-    done = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--directory", str(out),
-                           "--snakefile", str(REPO / "Snakefile"), "--config", "profile=paper"],
-                          capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return set(RULE.findall(done.stdout + done.stderr))
+def paper_rules(paper_dry_run) -> set[str]:
+    """The rules a paper run executes: the session's dry run of ``profile=paper`` (tests/e2e/conftest.py)."""
+    assert paper_dry_run.returncode == 0, paper_dry_run.stderr[-3000:]
+    return set(RULE.findall(paper_dry_run.stdout + paper_dry_run.stderr))
 
 
 def _json(path: Path) -> dict:
