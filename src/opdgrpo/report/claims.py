@@ -55,6 +55,11 @@ DIRECTION_TESTS = " ".join(
 
 
 # ------------------------------------------------------------------------------------------------------- table
+#: Profiles that check the machinery, not the paper: their verdicts are computed as any profile's but say nothing.
+NO_VERDICTS = {"rehearsal": "**A rehearsal, not a result.** Random-init models earn no reward and learn nothing here "
+                            "(conf/profile/rehearsal.yaml): every verdict below only shows that the report ran."}
+
+
 def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -208,6 +213,7 @@ def claims_table(
     lines = [
         f"# Paper claims vs this reproduction (profile `{profile}`)",
         "",
+        *([NO_VERDICTS[profile], ""] if profile in NO_VERDICTS else []),
         f"The *ours* column is measured from the run directories of this run (profile `{profile}`), not copied from "
         "the paper. Small profiles use tiny models on synthetic tasks, so compare directions, not magnitudes.",
         "",
