@@ -70,13 +70,6 @@ def link_checkpoint(target: Path, out_dir: Path) -> Path:
     return link
 
 
-#: Qwen3Config keys a ``source: random`` block may give (the model schema's architecture keys).
-_ARCHITECTURE = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                 "head_dim", "max_position_embeddings", "tie_word_embeddings", "rms_norm_eps", "rope_theta",
-                 "rope_parameters", "attention_bias", "attention_dropout", "initializer_range", "hidden_act",
-                 "sliding_window", "layer_types")
-
-
 def build_random(model_cfg: Mapping[str, Any], name: str, tokenizer_dir: Path, out_dir: Path) -> Path:
     """A ``source: random`` model saved in hub format under ``out_dir/random-init`` (rebuilt identically from its
     seed, so a rerun replaces it with the same weights)."""
@@ -88,8 +81,7 @@ def build_random(model_cfg: Mapping[str, Any], name: str, tokenizer_dir: Path, o
     if rows < len(tokenizer):
         raise ValueError(f"config key `models.{name}.vocab_size` ({rows}) is smaller than the tokenizer's {len(tokenizer)} "
                          f"tokens: the embedding needs a row per token (hub models pad it above, as Qwen3's 151,936)")
-    arch = {k: model_cfg[k] for k in _ARCHITECTURE if k in model_cfg}
-    model = build_model(arch, rows, tokenizer.pad_token_id, tokenizer.eos_token_id, int(model_cfg["seed"]))
+    model = build_model(model_cfg, rows, tokenizer.pad_token_id, tokenizer.eos_token_id, int(model_cfg["seed"]))
     model.config._attn_implementation = None   # loaders pick their own kernel, as for a downloaded checkpoint
     target = out_dir / "random-init"
     model.save_pretrained(target)
@@ -98,7 +90,8 @@ def build_random(model_cfg: Mapping[str, Any], name: str, tokenizer_dir: Path, o
 
 
 def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    """The base job of a ``source: hub`` model: resolve, link, evaluate held-out accuracy (not counted)."""
+    """The base job of a ``source: hub`` model (resolve) or a ``source: random`` one (build): link, evaluate
+    held-out accuracy (not counted)."""
     from . import numerics
     from .domains import build_domain
     from .engines import checkpoint_engine

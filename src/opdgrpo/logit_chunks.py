@@ -32,10 +32,9 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch.utils.checkpoint import checkpoint
 
-#: ``train.logit_chunk_tokens``' default: response positions whose full-vocabulary logits exist at once. 4096 x
-#: The default chunk (:data:`opdgrpo.run_shape.DEFAULT_CHUNK_TOKENS`, 4096 positions): 4096 x 151,936 float32 values
-#: is 2.5 GB (Qwen3's vocabulary); the tiny profile's shards (128 rows x 32 new tokens) fit in one chunk, so its
-#: numbers do not move.
+# ``train.logit_chunk_tokens``' default (:data:`opdgrpo.run_shape.DEFAULT_CHUNK_TOKENS`, 4096 positions): 4096 x
+# 151,936 float32 values is 2.5 GB (Qwen3's vocabulary); the tiny profile's shards (128 rows x 32 new tokens) fit in
+# one chunk, so its numbers do not move.
 
 #: ``reduce(logits, *extras) -> tuple of tensors``: per-position values of ``logits`` ``(b, t, V)``; every output and
 #: extra has ``(b, t)`` as its leading dimensions.

@@ -17,8 +17,9 @@ from . import schema
 from .precision import check as check_precision
 from .precision import resolve as resolve_precision
 
-# Keys of a conf/model block that are ours, not Qwen3Config's.
-_OWN_KEYS = {"name", "source", "pretrain", "dtype"}
+#: Keys of a model block that are not Qwen3Config's (conf/model/*.yaml; the schema lists them all).
+_OWN_KEYS = {"name", "source", "pretrain", "dtype", "seed", "path", "revision", "attn_implementation", "sampling",
+             "tokenizer", "prompt_format", "vocab_size"}
 
 
 def build_model(arch: Mapping[str, Any], vocab_size: int, pad_token_id: int, eos_token_id: int, seed: int) -> PreTrainedModel:

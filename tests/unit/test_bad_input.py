@@ -72,22 +72,18 @@ def test_bad_config_fails_at_compose_naming_the_key(override, message):
 
 
 @pytest.mark.parametrize(
-    "override,message",
+    "profile,override,message",
     [
-        ("+models.student.path=Qwen/Qwen3-4B-Base", r"`models\.student\.path` does nothing for `source: random`"),
-        ("tokenizer.path=Qwen/Qwen3-4B-Base", r"`tokenizer\.path` acts only with `tokenizer\.source: hub`"),
-        ("~models.student.seed", r"missing config key `models\.student\.seed`"),
-        ("tokenizer.source=hub", r"`tokenizer\.path` must be a string, got None"),
+        ("rehearsal", "+models.student.path=Qwen/Qwen3-4B-Base", r"`models\.student\.path` does nothing for `source: random`"),
+        ("rehearsal", "tokenizer.path=Qwen/Qwen3-4B-Base", r"`tokenizer\.path` acts only with `tokenizer\.source: hub`"),
+        ("rehearsal", "~models.student.seed", r"missing config key `models\.student\.seed`"),
+        ("rehearsal", "tokenizer.source=hub", r"`tokenizer\.path` must be a string, got None"),
+        ("paper", "+tokenizer.chat=true", r"`tokenizer\.chat` acts on scratch-built tokenizers only"),
     ],
 )
-def test_rehearsal_model_sources_refuse_keys_that_would_do_nothing(override, message):
+def test_model_and_tokenizer_sources_refuse_keys_that_would_do_nothing(profile, override, message):
     with pytest.raises(ConfigError, match=f"(?s){message}"):
-        compose(["profile=rehearsal", override], CONF)
-
-
-def test_a_chat_switch_on_a_hub_tokenizer_is_refused():
-    with pytest.raises(ConfigError, match=r"`tokenizer\.chat` acts on scratch-built tokenizers only"):
-        compose(["profile=paper", "+tokenizer.chat=true"], CONF)
+        compose([f"profile={profile}", override], CONF)
 
 
 def test_unwritable_results_dir_under_a_file_creates_nothing():
