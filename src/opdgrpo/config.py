@@ -164,10 +164,14 @@ def validate(cfg: dict[str, Any]) -> None:
 
 def _check_model_sources(cfg: dict[str, Any]) -> None:
     """What a source does not read is refused by name: a ``random`` model is built by its base job (no path, no
-    revision, no pretraining stage); a tokenizer's ``chat`` acts on a scratch-built tokenizer only."""
+    revision, no pretraining stage: null, as a hub block's are when a profile turns it random); a tokenizer's
+    ``chat`` acts on a scratch-built tokenizer only; a ``hub`` model needs its path."""
     for name, mcfg in cfg["models"].items():
+        if mcfg.get("source") == "hub" and not mcfg.get("path"):
+            raise ConfigError(f"config key `models.{name}.path`: a `source: hub` model needs a hub id "
+                              f"(Qwen/Qwen3-4B-Base) or a local directory")
         if mcfg.get("source") == "random":
-            extra = sorted(k for k in ("path", "revision", "pretrain") if k in mcfg)
+            extra = sorted(k for k in ("path", "revision", "pretrain") if mcfg.get(k) is not None)
             if extra:
                 raise ConfigError(f"config key `models.{name}.{extra[0]}` does nothing for `source: random` (its base job "
                                   f"builds random weights from the architecture keys and `seed`); remove it")

@@ -31,6 +31,11 @@ from .run_shape import DEFAULT_DISTRIBUTED
 log = logging.getLogger("opdgrpo.distributed")
 
 
+def launched_by_torchrun() -> bool:
+    """Whether torchrun started this process (it sets RANK, LOCAL_RANK and WORLD_SIZE; one process included)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
 class Workers:
     """The processes of one run: rank, world size, device, how the trained model is shared, and the collectives the
     trainer uses.
@@ -56,7 +61,8 @@ class Workers:
         self.world = self.accelerator.num_processes
         self.device = self.accelerator.device
         self.is_main = self.accelerator.is_main_process
-        self.sharded = strategy == "fsdp" and self.world > 1
+        # FSDP2 with several processes, or with one that torchrun started (the GPU pilot's one-GPU run of the path)
+        self.sharded = strategy == "fsdp" and (self.world > 1 or launched_by_torchrun())
         self.policy = policy or fsdp.Policy()
         self._replica: torch.nn.Module | None = None   # FSDP: the plain model that samples
         self.engine_samples = False   # a vLLM engine samples: FSDP keeps no replica (the engine syncs from the shards)

@@ -45,7 +45,8 @@ def batch_bounds(tokenizer, repeated: list[Task], *, batch_size: int, max_batch_
 def _sample_all(model, tokenizer, domains, repeated: list[Task], *, batch_size: int, seed: int, workers,
                 max_batch_tokens: int | None = None, budget_key: str = "train.eval.max_batch_tokens", **kwargs):
     """(rewards, lengths, texts, flops) of every task in ``repeated``, in order."""
-    device = next(model.parameters()).device
+    engine = kwargs.get("engine")   # where an engine samples, the model may have no weights (a meta model)
+    device = getattr(engine, "device", None) or next(model.parameters()).device
     distributed = workers is not None and workers.distributed
     starts = batch_bounds(tokenizer, repeated, batch_size=batch_size, max_batch_tokens=max_batch_tokens,
                           max_new_tokens=kwargs["max_new_tokens"], fmt=kwargs.get("fmt", PromptFormat()), key=budget_key,

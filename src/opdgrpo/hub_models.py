@@ -7,9 +7,10 @@ the weights are fetched once into the shared hub cache, or taken from a local co
 ``base/<model>/checkpoint`` exactly as they load a checkpoint the pipeline trained, so every later stage is the same
 code at every scale. Nothing here counts as post-training compute.
 
-``source: random`` (the rehearsal profile) stands in for a hub checkpoint where none can be downloaded: the base job
-builds a Qwen3 model with random weights from the block's architecture keys and ``seed``, saves it beside the job in
-hub format (``save_pretrained``, with the run's tokenizer), and links and evaluates it like a hub snapshot.
+``source: random`` (the rehearsal profile and the GPU pilot) stands in for a hub checkpoint where none can be
+downloaded: the base job writes a weightless hub-format directory (config, tokenizer, seed) from the block's
+architecture keys, and links and evaluates it like a hub snapshot; every loader draws the weights from the seed
+(:func:`opdgrpo.models.load_model`), and an engine that only samples it starts on vLLM's own random weights.
 """
 
 from __future__ import annotations
@@ -71,9 +72,16 @@ def link_checkpoint(target: Path, out_dir: Path) -> Path:
 
 
 def build_random(model_cfg: Mapping[str, Any], name: str, tokenizer_dir: Path, out_dir: Path) -> Path:
-    """A ``source: random`` model saved in hub format under ``out_dir/random-init`` (rebuilt identically from its
-    seed, so a rerun replaces it with the same weights)."""
-    from .models import build_model
+    """A ``source: random`` model as a weightless hub-format directory ``out_dir/random-init``: its config (dtype:
+    the block's), generation config, the run's tokenizer and its seed (:data:`opdgrpo.models.RANDOM_INIT`). Whoever
+    loads it draws the weights on its own device (:func:`opdgrpo.models.load_model`), so a 32B-shaped model costs no
+    disk and no copy; a rerun writes the same files."""
+    import shutil
+
+    from transformers import GenerationConfig
+
+    from .models import RANDOM_INIT, qwen3_config
+    from .runio import write_json
     from .tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
@@ -81,11 +89,17 @@ def build_random(model_cfg: Mapping[str, Any], name: str, tokenizer_dir: Path, o
     if rows < len(tokenizer):
         raise ValueError(f"config key `models.{name}.vocab_size` ({rows}) is smaller than the tokenizer's {len(tokenizer)} "
                          f"tokens: the embedding needs a row per token (hub models pad it above, as Qwen3's 151,936)")
-    model = build_model(model_cfg, rows, tokenizer.pad_token_id, tokenizer.eos_token_id, int(model_cfg["seed"]))
-    model.config._attn_implementation = None   # loaders pick their own kernel, as for a downloaded checkpoint
+    config = qwen3_config(model_cfg, rows, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    config.dtype = str(model_cfg.get("dtype") or "float32")   # what an engine on the directory runs in
+    config.architectures = ["Qwen3ForCausalLM"]   # what vLLM reads to pick the model class
     target = out_dir / "random-init"
-    model.save_pretrained(target)
+    shutil.rmtree(target, ignore_errors=True)
+    config.save_pretrained(target)
+    GenerationConfig(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                     bos_token_id=tokenizer.eos_token_id).save_pretrained(target)
     tokenizer.save_pretrained(target)
+    write_json(target / RANDOM_INIT, {"seed": int(model_cfg["seed"]), "weights": "drawn by the loader (opdgrpo.models."
+                                      "draw_weights): N(0, initializer_range) per matrix, RMSNorm gains 1"})
     return target.resolve()
 
 
@@ -96,7 +110,7 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     from .domains import build_domain
     from .engines import checkpoint_engine
     from .evaluation import evaluate, heldout_for
-    from .models import autocast, load_model, parameter_count
+    from .models import autocast, is_random, load_model, parameter_count
     from .precision import resolve as resolve_precision
     from .rollout import PromptFormat
     from .runio import rewrite_jsonl, write_json, write_yaml
@@ -112,11 +126,14 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         target = resolve(str(model_cfg["path"]), model_cfg.get("revision"), f"models.{name}.path")
     write_yaml(out_dir / "config.yaml", cfg)
     checkpoint = link_checkpoint(target, out_dir)
-    # under engine vllm the engine samples and the model stays on the CPU (it gives the config and the count)
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.get("engine") != "vllm" else "cpu")
+    # under engine vllm the engine samples and the model gives the config and the count: on the CPU, or for a random
+    # model on no device at all (its engine starts on vLLM's own random weights)
+    engine_on = cfg.get("engine") == "vllm"
+    device = torch.device("cuda" if torch.cuda.is_available() and not engine_on else "cpu")
     dtype = getattr(torch, str(model_cfg.get("dtype") or "float32"))
     model = load_model(checkpoint, dtype=dtype, trainable=False,
-                       attn_implementation=str(model_cfg.get("attn_implementation") or "eager")).to(device)
+                       attn_implementation=str(model_cfg.get("attn_implementation") or "eager"),
+                       device="meta" if engine_on and is_random(checkpoint) else device)
     tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
     domains = {d: build_domain(spec) for d, spec in cfg["domains"].items()}
     ev = cfg["pretrain"]["eval"]

@@ -34,6 +34,10 @@ def components(reference: bool = False) -> tuple[str, ...]:
     return COMPONENTS + (OPTIONAL_COMPONENTS if reference else ())
 
 
+#: Ledger keys that are clock readings (they differ between runs of one config; everything else is reproducible).
+TIMING_KEYS = frozenset({"wall_s", "achieved_flops_per_s", "phase_s"})
+
+
 @dataclass
 class StepStats:
     flops: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COMPONENTS, 0.0))
@@ -48,6 +52,7 @@ class StepStats:
     updates: int = 0                 # optimiser updates made on the batch
     losses: int = 0                  # micro-batch losses computed (every update's); the ledger's metrics are their mean
     skipped: str | None = None   # the component that made a skipped step non-finite
+    seconds: dict[str, float] = field(default_factory=dict)   # wall time of the step's phases on the main process
 
     @classmethod
     def of(cls, names: tuple[str, ...]) -> "StepStats":
@@ -105,7 +110,8 @@ class StepStats:
         Loss and gradient norm are means over the updates."""
         losses = self.losses if losses is None else losses
         step_flops = sum(self.flops.values())
-        rate = {"lr": lr, "wall_s": round(wall, 3), "achieved_flops_per_s": step_flops / wall}
+        rate = {"lr": lr, "wall_s": round(wall, 3), "achieved_flops_per_s": step_flops / wall,
+                "phase_s": {name: round(value, 3) for name, value in self.seconds.items()}}
         if self.skipped:
             return {"step": step, "skipped": self.skipped, "flops": self.flops, "step_flops": step_flops,
                     "cumulative_flops": cumulative, **rate}

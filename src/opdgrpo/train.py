@@ -242,17 +242,26 @@ def _step(run: Run, step: int) -> StepStats:
     the batch; then per pass over the batch and mini-batch: forward/loss/backward per micro-batch, update."""
     _set_lr(run, step)
     stats, where = StepStats.of(components(reference=run.shape.reference)), f"run {run.cfg['run_id']} step {step}"
+    clock = time.time()
+
+    def lap(phase: str) -> None:   # the ledger's phase_s (what a pilot or a slow run is read by)
+        nonlocal clock
+        stats.seconds[phase], clock = time.time() - clock, time.time()
+
     try:
         guard = Guard(run.workers, where, step)
         shards = _sample(run, step, stats, guard)                                   # 1. rollouts and rewards
         faults.kill_point("rollout", step)
         guard.agree()
+        lap("sample")
         minibatches = _minibatches(run, shards)                                     # 2. micro-batches by update
         _fixed_logprobs(run, [m for group in minibatches for m in group], stats,    # 3. old policy, reference
                         Guard(run.workers, where, step))
+        lap("fixed_logprobs")
         for epoch in range(run.shape.updates_per_batch):                      # 4. passes over the batch,
             for minibatch in minibatches:                                           #    one update per mini-batch
                 _train_minibatch(run, step, minibatch, stats, where, first_pass=epoch == 0)
+        lap("train")
         run.streak = 0
     except NonFinite as err:
         stats.skipped = _skip_or_stop(run, err)
@@ -501,7 +510,7 @@ def _checkpoint(run: Run, done_steps: int) -> None:
     """Collectives under FSDP (every process takes part: the full model and optimizer state are gathered onto the
     main process's CPU); the main process writes."""
     workers, t0 = run.workers, time.time()
-    state_dict = workers.state_dict(run.model) if workers.distributed else None
+    state_dict = workers.state_dict(run.model) if workers.distributed or workers.sharded else None   # FSDP2: gathered
     optimizer_state = workers.optimizer_state(run.model, run.optimizer)
     if run.main:
         save_checkpoint(run.run_dir, workers.unwrap(run.model), run.tokenizer, run.optimizer, done_steps, run.cumulative,
@@ -532,6 +541,8 @@ def _finish(run: Run, final: dict[str, Any], started: float) -> dict[str, Any]:
                "cumulative_flops": run.cumulative, "final_eval": final["results"], "parameters": parameter_count(run.student),
                "processes": run.workers.world, "wall_s": round(time.time() - started, 1), "counted": True,
                "numerics": numerics.report()}   # the machine's fingerprint and which exact fast paths ran
+    if run.workers.device.type == "cuda":   # torch's allocator on the main process (vLLM's own pool may add to it)
+        summary["cuda_max_memory_reserved_bytes"] = torch.cuda.max_memory_reserved(run.workers.device)
     placement = getattr(run.engine, "placement", None)
     if placement is not None:   # where each rank's vLLM engine ran, as vLLM reports it (a collective: every rank)
         summary["engines"] = run.workers.gather(placement)
@@ -575,7 +586,7 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
     param_dtype = getattr(torch, str(shared.get("param_dtype", "float32")))
     attention = str(shared.get("attn_implementation", "eager"))
     student = load_model(checkpoint if state else cfg["student"]["path"], dtype=param_dtype,
-                         attn_implementation=attention).to(workers.device)
+                         attn_implementation=attention, device=workers.device)
     if shared.get("activation_checkpointing"):
         enable_activation_checkpointing(student)
     objective = build_objective(cfg["method"], _teachers(cfg, workers, attention), precision,
@@ -662,8 +673,9 @@ def _teachers(cfg: dict[str, Any], workers: Workers, attention: str) -> dict[str
         path = cfg["teachers"][d]["path"]
         dtype = getattr(torch, str(cfg["teachers"][d].get("dtype") or cfg["train"].get("teacher_dtype", "float32")))
         if path not in loaded:
-            loaded[path] = workers.prepare_frozen(
-                load_model(path, dtype=dtype, trainable=False, attn_implementation=attention).eval())
+            loaded[path] = workers.prepare_frozen(load_model(   # sharded from host memory, else built on the device
+                path, dtype=dtype, trainable=False, attn_implementation=attention,
+                device=None if workers.sharded else workers.device).eval())
             if workers.sharded:
                 held = sum(p.to_local().numel() for p in loaded[path].parameters())
                 total = sum(p.numel() for p in loaded[path].parameters())
@@ -679,8 +691,8 @@ def _reference(cfg: dict[str, Any], device: torch.device, attention: str, dtype:
     also on resume), in the student's parameter dtype; forwarded without gradients. None otherwise."""
     if float(cfg["method"].get("beta") or 0.0) <= 0:
         return None
-    model = load_model(cfg["student"]["path"], dtype=dtype, trainable=False, attn_implementation=attention)
-    return FrozenForward(model.eval().to(device))
+    model = load_model(cfg["student"]["path"], dtype=dtype, trainable=False, attn_implementation=attention, device=device)
+    return FrozenForward(model.eval())
 
 
 def _resume(run: Run, state: dict[str, Any]) -> None:

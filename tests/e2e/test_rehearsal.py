@@ -68,10 +68,13 @@ def test_rehearsal_trains_on_two_processes_each_with_its_own_engine(rehearsal_da
         assert evals and all(0.0 <= r["accuracy"] <= 1.0 for r in evals[-1]["results"])
 
 
-def test_rehearsal_base_jobs_save_hub_format_models_and_evaluate_them(rehearsal_dag):
-    """``source: random``: each base job saves its model in hub format, links it as a hub snapshot is linked, and
-    evaluates every held-out set of the paper's four domains through the engine."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def test_rehearsal_base_jobs_write_weightless_hub_directories_and_evaluate_them(rehearsal_dag):
+    """``source: random``: each base job writes a hub-format directory with no weights (config, tokenizer, seed),
+    links it as a hub snapshot is linked, and evaluates every held-out set of the paper's four domains through the
+    engine; a loader draws the weights from the seed."""
+    from transformers import AutoTokenizer
+
+    from opdgrpo.models import RANDOM_INIT, load_model
 
     base = rehearsal_dag.workdir / "results" / "rehearsal" / "base"
     for model in ("student", "qwen3_4b", "student_olmo3"):
@@ -79,9 +82,10 @@ def test_rehearsal_base_jobs_save_hub_format_models_and_evaluate_them(rehearsal_
         assert done["source"] == "random" and done["counted"] is False
         assert {r["eval_domain"] for r in done["heldout"]} == {"math", "code", "ifeval", "knowledge"}
         link = base / model / "checkpoint"
-        assert link.is_symlink() and (link / "config.json").is_file() and list(link.glob("*.safetensors"))
-    student = AutoModelForCausalLM.from_pretrained(str(base / "student" / "checkpoint"))
-    assert student.config.head_dim == 128
+        assert link.is_symlink() and (link / "config.json").is_file() and (link / RANDOM_INIT).is_file()
+        assert not list(link.glob("*.safetensors"))
+    student = load_model(base / "student" / "checkpoint")
+    assert student.config.head_dim == 128 and done["parameters"] > 0
     chat = AutoTokenizer.from_pretrained(str(base / "student" / "checkpoint"))
     own = AutoTokenizer.from_pretrained(str(base / "student_olmo3" / "checkpoint"))
     assert chat.chat_template and "<|im_end|>" in chat.get_vocab() and len(own) != len(chat)

@@ -28,6 +28,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from opdgrpo.step_stats import TIMING_KEYS
+
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ["munge", "slurmctld", "slurmd", "slurm-client"]
 SLURM_CONF = Path("/etc/slurm/slurm.conf")  # the plugin's job step drops SLURM_CONF (every SLURM_* variable)
@@ -184,7 +186,7 @@ def slurm_snakemake(workdir: Path, *args: str, timeout_s: int = 600, warning_s: 
             "--latency-wait", "5", "--jobs", "4", *args]
 
 
-TIMING = ("wall_s", "achieved_flops_per_s")
+TIMING = TIMING_KEYS
 
 
 def _ledger(run_dir: Path) -> list[dict]:

@@ -23,6 +23,7 @@ import torch
 from opdgrpo import faults
 from opdgrpo.checkpoint import MANIFEST, STATE_FILE, load_state, resume_point, write_manifest
 from opdgrpo.runio import read_jsonl
+from opdgrpo.step_stats import TIMING_KEYS
 from opdgrpo.train import NonFinite, train
 
 OPD, GRPO = "opd-teacher_m-math-s0", "grpo-student-math-s0"
@@ -48,7 +49,7 @@ def _cli(cfg, run_dir: Path, fault: str | None = None) -> subprocess.CompletedPr
 
 def _outcome(run_dir: Path) -> dict:
     """Everything a run leaves that must not depend on interruptions (wall-clock times and rates aside)."""
-    clock = {"wall_s", "achieved_flops_per_s"}
+    clock = TIMING_KEYS
     ledger = [{k: v for k, v in r.items() if k not in clock} for r in read_jsonl(run_dir / "ledger.jsonl")]
     done = json.loads((run_dir / "done.json").read_text())
     return {"ledger": ledger, "evals": read_jsonl(run_dir / "evals.jsonl"),

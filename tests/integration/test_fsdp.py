@@ -50,13 +50,14 @@ from safetensors.torch import load_file
 
 from opdgrpo.distributed import Workers
 from opdgrpo.runio import read_jsonl
+from opdgrpo.step_stats import TIMING_KEYS
 from opdgrpo.train import train
 
 pytestmark = pytest.mark.timeout(600)
 
 HERE = Path(__file__).resolve().parent
 #: Ledger keys that differ between two runs of the same steps (wall-clock time).
-TIMES = {"wall_s", "achieved_flops_per_s"}
+TIMES = TIMING_KEYS
 
 
 def _torchrun(args: list[str], processes: int = 2) -> list[str]:

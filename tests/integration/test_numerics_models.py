@@ -19,6 +19,7 @@ from opdgrpo import inference, numerics
 from opdgrpo.models import autocast
 from opdgrpo.runio import read_jsonl
 from opdgrpo.sampling import sample
+from opdgrpo.step_stats import TIMING_KEYS
 
 pytestmark = pytest.mark.usefixtures("fresh_numerics")
 
@@ -135,7 +136,7 @@ def test_a_training_run_gives_the_same_numbers_with_fast_paths_off(smoke_world, 
             mp.setenv(numerics.ENV, mode)
             out[mode] = train(copy.deepcopy(cfg), tmp_path / mode)
     def strip(rows):
-        return [{k: v for k, v in r.items() if k not in ("wall_s", "achieved_flops_per_s")} for r in rows]
+        return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
 
     for name in ("ledger.jsonl", "evals.jsonl"):
         a, b = (read_jsonl(tmp_path / mode / name) for mode in ("auto", "off"))

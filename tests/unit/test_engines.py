@@ -140,6 +140,9 @@ def test_engine_args_place_each_rank_and_size_the_engine_to_the_job():
                             shares_gpu=True)
     assert colocated["distributed_executor_backend"] == "external_launcher"
     assert colocated["enable_sleep_mode"] is True and "cpu_kv_cache_gb" not in colocated
+    one_launched = engine_args(_config(), max_len=8704, settings={}, seed=0, cuda=True, world=1, shares_gpu=True,
+                               grouped=True)   # torchrun with one process (the GPU pilot): it joins the trainer's group
+    assert one_launched["distributed_executor_backend"] == "external_launcher"
     assert engine_args(_config(), max_len=100, settings={}, seed=0, cuda=False, world=2,
                        shares_gpu=True)["enable_sleep_mode"] is False   # vLLM sleeps on CUDA only
     raised = engine_args(_config(), max_len=8704, settings={"max_model_len": 16384}, seed=0, cuda=True, world=1,

@@ -98,16 +98,20 @@ def checkpoint_engine(cfg: Mapping[str, Any], path: str | Path, model: torch.nn.
     under ``engine: hf`` (or no key: the project's sampler on ``model``), else a vLLM engine on the checkpoint
     directory ``path`` itself (no copy), with the job's ``vllm`` settings, sized for the longest row of ``tasks``
     (:func:`longest_row`), awake throughout (no trainer shares its GPU) and shut down when the block ends: one
-    engine at a time. ``model`` gives the FLOP formulas' config."""
+    engine at a time. ``model`` gives the FLOP formulas' config. A weightless ``source: random`` directory starts
+    on vLLM's own random weights (``load_format="dummy"``): a random model of the same shape, not the same draw."""
     name = str(cfg.get("engine") or "hf")
     if name == "hf":
         yield None
         return
     if name != "vllm":
         raise ValueError(f"config key `train.engine`: must be one of {list(schema.allowed('train', 'engine'))}, got {name!r}")
+    from ..models import is_random
     from .vllm_engine import VLLMEngine
 
     max_len = longest_row(tokenizer, tasks, fmt, max_new_tokens)
+    device = next(model.parameters()).device
     with VLLMEngine(Path(path), model.config, max_len=max_len, settings=cfg.get("vllm") or {},
-                    seed=int(cfg.get("seed") or 0), device=next(model.parameters()).device) as engine:
+                    seed=int(cfg.get("seed") or 0), device="cpu" if device.type == "meta" else device,
+                    load_format="dummy" if is_random(path) else None) as engine:
         yield engine

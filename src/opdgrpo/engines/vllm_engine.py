@@ -49,6 +49,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from .. import flops as flop_formulas
+from ..distributed import launched_by_torchrun
 from ..sampling import Rollouts
 
 log = logging.getLogger("opdgrpo.engines.vllm")
@@ -142,10 +143,12 @@ def _placement(rank: int, world: int, args: Mapping[str, Any]) -> dict[str, Any]
 
 
 def engine_args(config: Any, *, max_len: int, settings: Mapping[str, Any], seed: int, cuda: bool, world: int,
-                shares_gpu: bool) -> dict[str, Any]:
+                shares_gpu: bool, grouped: bool = False) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments of one engine, checked: ``settings`` is ``train.vllm`` (over it ``train.vllm_alone``
     for the jobs that only sample), ``max_len`` the job's longest row, ``world`` the trainer's process count,
-    ``shares_gpu`` whether a trainer shares the engine's device (then it sleeps on GPUs)."""
+    ``shares_gpu`` whether a trainer shares the engine's device (then it sleeps on GPUs), ``grouped`` whether the
+    trainer has a process group that torchrun started (one process included: vLLM then joins it as an external
+    launcher, reading torchrun's RANK and LOCAL_RANK)."""
     settings = dict(settings)
     settings.pop("cpu_kv_cache_gb", None)
     context = int(getattr(config, "max_position_embeddings", 0) or 0)
@@ -166,7 +169,7 @@ def engine_args(config: Any, *, max_len: int, settings: Mapping[str, Any], seed:
             "max_model_len": int(given if given is not None else max_len), "enforce_eager": not cuda, "seed": seed,
             "logprobs_mode": "processed_logprobs", "enable_sleep_mode": cuda and shares_gpu,
             "enable_prefix_caching": True}
-    if world > 1:
+    if world > 1 or grouped:
         args["distributed_executor_backend"] = "external_launcher"
     if "distributed_executor_backend" in settings:
         raise ValueError("config key `train.vllm.distributed_executor_backend`: the engine sets it (external_launcher "
@@ -193,8 +196,9 @@ class VLLMEngine:
         if not cuda:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(settings.get("cpu_kv_cache_gb", 1))))
         rank, world = _world()
+        grouped = torch.distributed.is_available() and torch.distributed.is_initialized() and launched_by_torchrun()
         args = engine_args(config, max_len=max_len, settings=settings, seed=seed, cuda=cuda, world=world,
-                           shares_gpu=shares_gpu)
+                           shares_gpu=shares_gpu, grouped=grouped)
         if load_format:
             args["load_format"] = load_format
         vllm = import_vllm()
