@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 from .config import ConfigError
@@ -49,6 +50,30 @@ class Plan:
 
     def by_kind(self, kind: str) -> list[Job]:
         return [j for j in self.jobs.values() if j.kind == kind]
+
+    def inputs(self, job_id: str) -> dict[str, list[str]]:
+        """What a job consumes, by role, as its upstream jobs' ``done.json`` (the inputs its rule names): the
+        ``tokenizer``; for a run its ``student``, ``teachers`` and S2's difficulty ``selection``; for a difficulty job
+        the ``models`` it samples. Every upstream job has a role; one without is a planner error."""
+        job = self.jobs[job_id]
+        owner = {self.jobs[u].out_dir: u for u in job.upstream}
+        cfg = job.config
+
+        def of(*paths: str) -> list[str]:   # checkpoints, subset files: their job is their directory's
+            ids = [owner.get(p, owner.get(str(Path(p).parent))) for p in paths]
+            return [self.jobs[i].done for i in dict.fromkeys(ids) if i is not None]
+
+        roles = {"tokenizer": of(cfg["tokenizer"])} if isinstance(cfg.get("tokenizer"), str) else {}
+        if job.kind == "train":
+            roles["student"] = of(cfg["student"]["path"])
+            roles["teachers"] = of(*(t["path"] for t in (cfg.get("teachers") or {}).values()))
+            roles["selection"] = of(cfg["train_subset"]["file"]) if cfg.get("train_subset") else []
+        elif job.kind == "difficulty":
+            roles["models"] = of(cfg["student"]["path"], cfg["teacher"]["path"])
+        unnamed = {self.jobs[u].done for u in job.upstream} - {d for done in roles.values() for d in done}
+        if unnamed:
+            raise RuntimeError(f"job {job_id}: upstream {sorted(unnamed)} has no role in Plan.inputs")
+        return roles
 
 
 class Planner:

@@ -176,3 +176,20 @@ def test_grpo_refuses_to_skip_scoring():
     """GRPO trains on the rewards: the key exists for OPD only, and the schema names it for GRPO."""
     with pytest.raises(ConfigError, match=r"score_rollouts"):
         compose(["profile=smoke", "+methods.grpo.score_rollouts=false"], CONF)
+
+
+@pytest.mark.parametrize("profile", ["smoke", "tiny", "rehearsal", "paper"])
+def test_each_job_names_every_upstream_job_by_its_role(profile):
+    """What the rules name as a job's inputs (Plan.inputs): every upstream job under one role, each role of a run
+    the job that made the checkpoint or file its config reads."""
+    plan = build_plan(compose([f"profile={profile}"], CONF))
+    for job in plan.jobs.values():
+        roles = plan.inputs(job.id)
+        named = [d for done in roles.values() for d in done]
+        assert sorted(set(named)) == sorted(plan.jobs[u].done for u in job.upstream), job.id
+        if job.kind == "train":
+            assert len(roles["student"]) == 1 and roles["tokenizer"], job.id
+            assert bool(roles["teachers"]) == (job.config["method"]["name"] == "opd"), job.id
+            assert bool(roles["selection"]) == bool(job.config.get("train_subset")), job.id
+    experts = plan.inputs("opd-experts-math+code-s0")["teachers"] if profile == "rehearsal" else []
+    assert profile != "rehearsal" or experts == [plan.jobs[r].done for r in ("grpo-student-math-s0", "grpo-student-code-s0")]

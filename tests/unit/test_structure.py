@@ -55,3 +55,13 @@ def test_no_two_test_files_share_a_name():
         seen.setdefault(p.name, []).append(str(p.relative_to(tests)))
     clashes = {n: ps for n, ps in seen.items() if len(ps) > 1}
     assert not clashes, f"rename one of each: {clashes}"
+
+
+def test_no_two_rule_files_are_the_same_rule_under_another_name():
+    """Each stage's rule names what it consumes (Plan.inputs), so the DAG reads from workflow/rules/ alone."""
+    import re
+
+    rules = Path(__file__).resolve().parents[2] / "workflow" / "rules"
+    bodies = {p.name: re.sub(rf"\b{p.stem}\b|\brule \w+:|#.*", "", p.read_text()) for p in rules.glob("*.smk")}
+    same = [(a, b) for a in bodies for b in bodies if a < b and bodies[a] == bodies[b]]
+    assert not same, f"identical apart from names and comments: {same}"

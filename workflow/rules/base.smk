@@ -34,7 +34,7 @@ rule model_tokenizer:
 
 rule pretrain:
     input:
-        lambda w: upstream_done(f"base-{w.model}"),
+        tokenizer=consumed("tokenizer"),
     output:
         f"{ROOT}/base/{{model}}/done.json",
     log:

@@ -30,8 +30,15 @@ _PREFIX = f"set -euo pipefail; export {job_identity.ENV}={_RUNTIME}; "
 shell.prefix(_PREFIX.replace("{", "{{").replace("}", "}}"))
 
 
-def upstream_done(job_id):
-    return [PLAN.jobs[u].done for u in PLAN.jobs[job_id].upstream]
+def consumed(role):
+    """A rule's input: the done.json of what the job (named by its wildcard) consumes in ``role`` (Plan.inputs:
+    tokenizer, student, teachers, selection, models)."""
+
+    def inputs(w):
+        job_id = w.get("run") or w.get("job") or f"base-{w.model}"
+        return PLAN.inputs(job_id)[role]
+
+    return inputs
 
 
 LOGS = f"{ROOT}/logs"

@@ -1,9 +1,11 @@
 # S2's data selection: solve rates of the base student and the external teacher, cut into difficulty subsets.
+# tokenizer + both base models -> difficulty/<job>/subsets.json
 
 
 rule difficulty:
     input:
-        lambda w: upstream_done(w.job),
+        tokenizer=consumed("tokenizer"),
+        models=consumed("models"),  # the base student and the external teacher, sampled in turn
     output:
         f"{ROOT}/difficulty/{{job}}/done.json",
     log:

@@ -1,9 +1,12 @@
 # GRPO runs: per-domain experts, joint GRPO on a domain mix, and GRPO-trained teachers.
+# tokenizer + student (+ S2's selection) -> runs/<run>/ (checkpoint, ledger, evaluations, done.json)
 
 
 rule grpo:
     input:
-        lambda w: upstream_done(w.run),
+        tokenizer=consumed("tokenizer"),
+        student=consumed("student"),  # a base model, or a run it continues from
+        selection=consumed("selection"),  # S2: the difficulty subset it trains on
     output:
         f"{ROOT}/runs/{{run}}/done.json",
     log:

@@ -1,9 +1,13 @@
 # OPD runs: external-teacher, self-teacher and multi-teacher on-policy distillation.
+# tokenizer + student + teachers (+ S2's selection) -> runs/<run>/ (checkpoint, ledger, evaluations, done.json)
 
 
 rule opd:
     input:
-        lambda w: upstream_done(w.run),
+        tokenizer=consumed("tokenizer"),
+        student=consumed("student"),
+        teachers=consumed("teachers"),  # base models (external teachers) or GRPO runs (experts)
+        selection=consumed("selection"),
     output:
         f"{ROOT}/runs/{{run}}/done.json",
     log:
