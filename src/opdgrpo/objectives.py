@@ -85,8 +85,9 @@ class Objective(Protocol):
              flops: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
         """(loss, metrics) of one shard, given the student's logits over its response."""
 
-    def logprobs(self, logits: torch.Tensor, shard: Shard) -> torch.Tensor:
-        """``(B, T)`` log-probs of the shard's response tokens under ``logits``, as the objective reads them."""
+    def logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """``(B, T)`` log-probs of the response tokens ``targets`` (a shard's, or a chunk of them) under ``logits``,
+        as the objective reads them."""
 
     def advantages(self, shard: Shard) -> torch.Tensor | None:
         """Per-row values computed over a row's group of a sampled shard (GRPO's advantages), carried when rows are
@@ -124,8 +125,8 @@ class GRPOObjective:
         self.temperature = float(temperature)
         self.engine_is_cap = method.get("engine_is_cap")
 
-    def logprobs(self, logits: torch.Tensor, shard: Shard) -> torch.Tensor:
-        return token_logprobs(logits, shard.targets, temperature=self.temperature)
+    def logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return token_logprobs(logits, targets, temperature=self.temperature)
 
     def advantages(self, shard: Shard) -> torch.Tensor:
         """Each row's group-relative advantage (its group: the ``group_size`` consecutive rows of its prompt)."""
@@ -140,7 +141,7 @@ class GRPOObjective:
 
     def loss(self, logits: torch.Tensor, shard: Shard, normalizer: float | None, check: Check,
              flops: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
-        return self.loss_from((self.logprobs(logits, shard),), shard, normalizer, check, flops, logits.shape[-1])
+        return self.loss_from((self.logprobs(logits, shard.targets),), shard, normalizer, check, flops, logits.shape[-1])
 
     def loss_from(self, reduced: tuple[torch.Tensor, ...], shard: Shard, normalizer: float | None, check: Check,
                   flops: dict[str, float], vocab: int) -> tuple[torch.Tensor, dict[str, float]]:
@@ -187,10 +188,10 @@ class OPDObjective:
         self.precision = precision
         self.chunk_tokens = int(chunk_tokens)
 
-    def logprobs(self, logits: torch.Tensor, shard: Shard) -> torch.Tensor:
+    def logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Untempered: OPD's loss compares the student's and the teachers' own distributions (docs/method.md, "OPD"),
         whatever temperature sampled the states it is computed on."""
-        return token_logprobs(logits, shard.targets)
+        return token_logprobs(logits, targets)
 
     def advantages(self, shard: Shard) -> None:
         """None: OPD's loss reads no value of a row's group."""

@@ -16,7 +16,7 @@ seeded by (seed, step), so a resumed run repeats exactly
 what it would have done.
 
 Non-finite values (rewards, student logits, teacher logits, the loss, the gradient norm) are checked where each
-phase ends (:class:`Guard`); ``train.nonfinite`` says whether such a step stops the run (``stop``, the default; the
+phase ends (:class:`NonFiniteCheck`); ``train.nonfinite`` says whether such a step stops the run (``stop``, the default; the
 step leaves no ledger line and no checkpoint) or is dropped without an optimiser step (``skip``, at most
 ``train.max_nonfinite_skips`` steps in a row).
 """
@@ -88,7 +88,7 @@ POISON = {"rewards": "nan_reward", "student_logits": "nan_logits", "teacher_logi
           "reference_logits": "nan_reference", "loss": "nan_loss"}
 
 
-class Guard:
+class NonFiniteCheck:
     """A phase's non-finite check: injects an armed fault, remembers the first non-finite value and lets the phase
     run to its end, where :meth:`agree` makes every process stop or skip together (so no process is left waiting
     in a collective the others skipped)."""
@@ -159,7 +159,7 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """Train one run into ``run_dir`` (resuming it if it has a checkpoint of the same run); returns ``done.json``."""
     # Bad input fails here, before any compute and before the run directory is touched (a finished run stays
     # intact); then one process at a time owns the run directory.
-    from .guards import check_run_inputs, run_dir_lock
+    from .preflight import check_run_inputs, run_dir_lock
 
     check_run_inputs(cfg)
     expandable_segments()
@@ -249,14 +249,14 @@ def _step(run: Run, step: int) -> StepStats:
         stats.seconds[phase], clock = time.time() - clock, time.time()
 
     try:
-        guard = Guard(run.workers, where, step)
+        guard = NonFiniteCheck(run.workers, where, step)
         shards = _sample(run, step, stats, guard)                                   # 1. rollouts and rewards
         faults.kill_point("rollout", step)
         guard.agree()
         lap("sample")
         minibatches = _minibatches(run, shards)                                     # 2. micro-batches by update
         _fixed_logprobs(run, [m for group in minibatches for m in group], stats,    # 3. old policy, reference
-                        Guard(run.workers, where, step))
+                        NonFiniteCheck(run.workers, where, step))
         lap("fixed_logprobs")
         for epoch in range(run.shape.updates_per_batch):                      # 4. passes over the batch,
             for minibatch in minibatches:                                           #    one update per mini-batch
@@ -286,7 +286,7 @@ def _set_lr(run: Run, step: int) -> None:
         group["lr"] = lr * min(1.0, (step + 1) / warmup) if warmup else lr
 
 
-def _sample(run: Run, step: int, stats: StepStats, guard: Guard) -> list[Shard]:
+def _sample(run: Run, step: int, stats: StepStats, guard: NonFiniteCheck) -> list[Shard]:
     """The student samples ``rollouts_per_prompt`` completions of each of its shards' prompts; verifiers score them."""
     prompts = batch_tasks(run.pools, run.counts, step, int(run.cfg["seed"]))
     bounds, shared = shard_bounds(len(prompts), run.shape.shards), run.cfg["train"]
@@ -315,7 +315,7 @@ def _sample(run: Run, step: int, stats: StepStats, guard: Guard) -> list[Shard]:
     return shards
 
 
-def _fixed_logprobs(run: Run, shards: list[Shard], stats: StepStats, guard: Guard) -> None:
+def _fixed_logprobs(run: Run, shards: list[Shard], stats: StepStats, guard: NonFiniteCheck) -> None:
     """Before the first update, without gradients: each shard's log-probs under the sampling policy when the batch
     gets more than one update (the PPO ratio's denominator; ledger ``old_policy``), and under the frozen reference
     model when GRPO has a KL term (``beta > 0``; ledger ``reference``). Nothing with one update and no reference."""
@@ -331,7 +331,7 @@ def _fixed_logprobs(run: Run, shards: list[Shard], stats: StepStats, guard: Guar
                     logits = run.model(input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
                                        logits_to_keep=keep).logits[:, :-1]
                     logits = guard.check(logits, "student_logits", "old-policy logits")
-                    shard.old_logprobs = run.objective.logprobs(logits, shard)
+                    shard.old_logprobs = run.objective.logprobs(logits, shard.targets)
                 else:
                     (shard.old_logprobs,) = _chunked_forward(
                         run, run.model, shard, *_logprob_reduce(run, shard, guard, "student_logits", "old-policy logits"))
@@ -340,7 +340,7 @@ def _fixed_logprobs(run: Run, shards: list[Shard], stats: StepStats, guard: Guar
                 if one:
                     logits = run.reference(shard.sequences, attn, position_ids(attn), logits_to_keep=keep)[:, :-1]
                     logits = guard.check(logits, "reference_logits")
-                    shard.ref_logprobs = run.objective.logprobs(logits, shard)
+                    shard.ref_logprobs = run.objective.logprobs(logits, shard.targets)
                 else:
                     (shard.ref_logprobs,) = run.reference.reduced(
                         shard.sequences, attn, position_ids(attn), keep,
@@ -350,20 +350,12 @@ def _fixed_logprobs(run: Run, shards: list[Shard], stats: StepStats, guard: Guar
     guard.agree()
 
 
-def _logprob_reduce(run: Run, shard: Shard, guard: Guard, component: str, label: str | None):
+def _logprob_reduce(run: Run, shard: Shard, guard: NonFiniteCheck, component: str, label: str | None):
     """``(reduce, extras)``: the objective's log-probs of the shard's tokens from a chunk of logits, checked."""
     def reduce(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
         logits = guard.check(logits, component, label)
-        # the objective's log-probs read only the targets of the positions they are given
-        return (run.objective.logprobs(logits, _Targets(targets)),)
+        return (run.objective.logprobs(logits, targets),)   # the chunk's own targets
     return reduce, (shard.targets,)
-
-
-@dataclass
-class _Targets:
-    """A chunk's targets, standing in for the shard in ``Objective.logprobs`` (which reads only ``targets``)."""
-
-    targets: torch.Tensor
 
 
 def _minibatches(run: Run, shards: list[Shard]) -> list[list[Shard]]:
@@ -388,7 +380,7 @@ def _train_minibatch(run: Run, step: int, shards: list[Shard], stats: StepStats,
     normalizer = _normalizer(run, shards)
     run.optimizer.zero_grad(set_to_none=True)
     for i, shard in enumerate(shards):
-        guard = Guard(run.workers, where, step)
+        guard = NonFiniteCheck(run.workers, where, step)
         with run.workers.no_sync(run.model, skip=i < len(shards) - 1):
             loss, metrics = _forward_and_loss(run, shard, normalizer, guard, stats)
             guard.agree()   # before the backward's all-reduce
@@ -415,7 +407,7 @@ def _student_flops(run: Run, shard: Shard) -> float:
     return flop_formulas.forward_flops(run.student.config, *shard.sequences.shape, logits_positions=shard.new_tokens + 1)
 
 
-def _forward_and_loss(run: Run, shard: Shard, normalizer: float | None, guard: Guard,
+def _forward_and_loss(run: Run, shard: Shard, normalizer: float | None, guard: NonFiniteCheck,
                       stats: StepStats) -> tuple[torch.Tensor, dict[str, float]]:
     """The student's training forward over the shard's sequences and the objective's loss on its response logits."""
     attn = shard.attention_mask

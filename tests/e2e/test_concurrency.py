@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from opdgrpo.config import compose
-from opdgrpo.guards import RunLocked, run_dir_lock
 from opdgrpo.plan import build_plan
+from opdgrpo.preflight import RunLocked, run_dir_lock
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
@@ -69,7 +69,7 @@ def test_second_snakemake_on_one_directory_is_refused(tmp_path):
 
 
 def _hold_lock(run_dir: Path) -> subprocess.Popen:
-    code = ("import sys, time; from pathlib import Path; from opdgrpo.guards import run_dir_lock\n"
+    code = ("import sys, time; from pathlib import Path; from opdgrpo.preflight import run_dir_lock\n"
             "with run_dir_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"

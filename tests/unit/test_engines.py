@@ -17,9 +17,9 @@ from opdgrpo import schema
 from opdgrpo.domains import Task
 from opdgrpo.engines import HFEngine, build_engine
 from opdgrpo.engines.vllm_engine import _rollouts
-from opdgrpo.guards import check_engine_installed
 from opdgrpo.losses import grpo_loss
 from opdgrpo.objectives import GRPOObjective, Shard, engine_correction
+from opdgrpo.preflight import check_engine_installed
 from opdgrpo.rollout import ScoredRollouts
 from opdgrpo.sampling import Rollouts
 

@@ -44,7 +44,7 @@ def test_token_logprobs_at_a_temperature_are_the_log_softmax_of_tempered_logits(
     torch.testing.assert_close(token_logprobs(low, targets, temperature=temperature), want_low, rtol=0, atol=2e-6)
     # the objective's log-probs are these, at the temperature it was built with
     shard = _shard(targets.tolist(), [1.0, 0.0, 1.0])
-    got = GRPOObjective(METHOD, temperature=temperature).logprobs(logits, shard)
+    got = GRPOObjective(METHOD, temperature=temperature).logprobs(logits, shard.targets)
     assert torch.equal(got, token_logprobs(logits, targets, temperature=temperature))
 
 
@@ -60,7 +60,7 @@ def test_opd_log_probs_are_untempered() -> None:
     logits = torch.randn(2, 3, 5)
     shard = _shard([[1, 2, 3], [4, 0, 1]], [1.0, 0.0])
     opd = OPDObjective({"name": "opd", "rollouts_per_prompt": 2, "aggregation": "token-mean", "top_k": 2}, {}, "fp32")
-    assert torch.equal(opd.logprobs(logits, shard), token_logprobs(logits, shard.targets))
+    assert torch.equal(opd.logprobs(logits, shard.targets), token_logprobs(logits, shard.targets))
 
 
 def _two_by_two() -> tuple[torch.Tensor, Shard]:
