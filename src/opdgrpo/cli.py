@@ -124,7 +124,7 @@ def _forward(module: str, argv: Sequence[str]) -> int:
     return importlib.import_module(module).main(list(argv)) or 0
 
 
-FORWARDED = {"report": "opdgrpo.report.build", "savings": "opdgrpo.report.savings", "flops": "opdgrpo.cost",
+FORWARDED = {"report": "opdgrpo.report.build", "savings": "opdgrpo.report.savings", "flops": "opdgrpo.cost_cli",
              "resources": "opdgrpo.resources"}
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Mapping, Sequence
 
 import torch
 
 from .domains import Domain, Task
-from .engines import HFEngine
-from .sampling import Rollouts
+from .sampling import Rollouts, sample
 
 
 @dataclass
@@ -87,7 +87,8 @@ def sample_and_score(model, tokenizer, domains: Mapping[str, Domain], tasks: Seq
                      engine=None) -> ScoredRollouts:
     """Sample completions of ``tasks`` and score them. ``engine`` (:mod:`opdgrpo.engines`) samples; None: the
     project's own sampler on ``model`` (the ``hf`` engine)."""
-    rollouts = (engine or HFEngine(model)).sample(
+    draw = engine.sample if engine is not None else partial(sample, model)   # None: the hf engine's own call
+    rollouts = draw(
         encode_prompts(tokenizer, tasks, fmt),
         max_new_tokens=max_new_tokens,
         eos_token_id=fmt.stop_ids(tokenizer),
