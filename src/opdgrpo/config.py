@@ -16,7 +16,6 @@ from hydra import initialize_config_dir
 from omegaconf import OmegaConf
 
 from . import schema, tracking
-from .studies import REGISTRY
 
 
 class ConfigError(ValueError):
@@ -129,20 +128,12 @@ def check_results_dir(results_dir: str) -> None:
 def validate(cfg: dict[str, Any]) -> None:
     """Check the config before any compute: against its schemas (``src/opdgrpo/schemas``: every key's type, range and
     allowed values, and no key that nothing reads), then what a schema cannot say: the names one block gives another
-    (a study's domains and models), the domains' pools (built once here), and each study's own rules."""
+    (a study's domains and models) and the domains' pools (built once here). Each study's own keys and rules are
+    checked by the planner (:func:`opdgrpo.plan.check_studies`), which knows the studies; conf does not."""
     try:
         schema.validate(cfg, "config")
-        for name, block in cfg["studies"].items():
-            if name in REGISTRY and REGISTRY[name].schema:
-                schema.check(block, REGISTRY[name].schema, where=f"studies.{name}")
     except schema.SchemaError as err:
         raise ConfigError(str(err)) from None
-    for name, block in cfg["studies"].items():
-        read = REGISTRY[name].read_keys() if name in REGISTRY else None
-        unread = sorted(set(block) - read) if read is not None else []
-        if unread:
-            raise ConfigError(f"config key `studies.{name}.{unread[0]}` does nothing: study {name} reads only "
-                              f"{', '.join(sorted(read - {'name', 'title'}))} (besides name and title)")
     _validate_domains(cfg)
     _check_model_sources(cfg)
     _check_fsdp_block(cfg["train"])
@@ -156,9 +147,6 @@ def validate(cfg: dict[str, Any]) -> None:
         )
     for study, scfg in cfg["studies"].items():
         _check_names(cfg, study, scfg)
-    for study in cfg["studies"]:  # each study's own checks (an unknown study is named by the planner)
-        if study in REGISTRY:
-            REGISTRY[study].validate(cfg)
     tracking.check_installed(cfg["train"].get("report_to"))
 
 

@@ -7,10 +7,10 @@ import pytest
 
 from opdgrpo.report.claims import _combine
 from opdgrpo.report.curves import CURVE_COLUMNS, domain_accuracy
+from opdgrpo.report.studies import REPORTS
 from opdgrpo.runio import IN_DOMAIN_SET
-from opdgrpo.studies import REGISTRY
 
-eval_s2, eval_s5b = REGISTRY["S2"].evaluate, REGISTRY["S5b"].evaluate  # each study's claim evaluator
+eval_s2, eval_s5b = REPORTS["S2"].evaluate, REPORTS["S5b"].evaluate  # each study's claim evaluator
 
 
 def rows(run: str, points: list[tuple[int, float, dict[tuple[str, str], float]]], method: str = "grpo") -> list[dict]:

@@ -11,8 +11,9 @@ import pytest
 from opdgrpo.config import ConfigError, compose
 from opdgrpo.plan import build_plan
 from opdgrpo.report.curves import CURVE_COLUMNS
-from opdgrpo.studies import REGISTRY
-from opdgrpo.studies.s6 import level_tag, map_figure, map_frame, map_markdown
+from opdgrpo.report.studies import REPORTS
+from opdgrpo.report.studies.s6 import map_figure, map_frame, map_markdown
+from opdgrpo.studies.s6 import level_tag
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
@@ -134,8 +135,9 @@ def test_the_cost_model_prices_every_map_run():
     ],
 )
 def test_bad_map_configs_fail_naming_the_key(overrides, key):
+    """A study's own keys are checked as the plan is built (plan.check_studies), before any job exists."""
     with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
-        smoke_map(*overrides)
+        build_plan(smoke_map(*overrides))
 
 
 def test_the_distillation_runs_the_largest_budget_once():
@@ -150,7 +152,7 @@ def test_the_distillation_runs_the_largest_budget_once():
 
 def test_tiny_map_needs_three_levels_of_each_knob():
     with pytest.raises(ConfigError, match=r"studies\.S6\.thinking_fraction.*at least 3 levels"):
-        compose(["profile=tiny-map", "studies.S6.thinking_fraction=[1.0,0.0]"], CONF)
+        build_plan(compose(["profile=tiny-map", "studies.S6.thinking_fraction=[1.0,0.0]"], CONF))
 
 
 # ----------------------------------------------------------------------------------------- table from run data
@@ -241,7 +243,7 @@ def test_one_seed_gives_values_without_intervals():
 
 def test_the_figure_and_tables_come_through_the_study_hooks(tmp_path):
     instances, curves = synthetic_map()
-    tables = REGISTRY["S6"].tables(instances, curves, {})
+    tables = REPORTS["S6"].tables(instances, curves, {})
     assert set(tables) == {"map"} and len(tables["map"][0]) == 4
     fig = map_figure(tables["map"][0], instances[0])
     assert len(fig.axes) == 4   # two heat maps and their colour bars

@@ -73,7 +73,7 @@ def test_rule_keys_and_defaults_agree_with_conf():
 
 def test_s1_peaks_are_read_smoothed_so_one_lucky_point_does_not_decide():
     from opdgrpo.report.curves import CURVE_COLUMNS
-    from opdgrpo.studies import REGISTRY
+    from opdgrpo.report.studies import REPORTS
 
     def rows(run: str, accs: list[float], per_step: float) -> list[dict]:
         return [{"run": run, "study": "S1", "method": "x", "train_domains": "math", "seed": 0, "step": i,
@@ -84,8 +84,8 @@ def test_s1_peaks_are_read_smoothed_so_one_lucky_point_does_not_decide():
     opd = rows("o", [0.20, 0.30, 0.34, 0.43, 0.34, 0.35], 1.0)  # one lucky draw at step 3
     curves = pd.DataFrame(grpo + opd, columns=CURVE_COLUMNS)
     entry = {"comparisons": [{"domain": "math", "grpo": "g", "opd": {"OPD": "o"}}]}
-    raw = REGISTRY["S1"].evaluate(dict(entry, smooth_window=1), curves, {})["S1"]
-    smoothed = REGISTRY["S1"].evaluate(entry, curves, {})["S1"]  # the default window: 3 points
+    raw = REPORTS["S1"].evaluate(dict(entry, smooth_window=1), curves, {})["S1"]
+    smoothed = REPORTS["S1"].evaluate(entry, curves, {})["S1"]  # the default window: 3 points
     assert raw[1].startswith("does not hold") and smoothed[1] == "holds"
     assert "smoothed over 3 points" in smoothed[0]
 

@@ -10,7 +10,8 @@ so an interrupted report never leaves a half-written file that Snakemake would t
 * ``<study>_accuracy.png/.pdf`` and ``<study>_length.png/.pdf`` per study.
 
 What is study-specific (its savings row, figures, claims, data copied from run directories) comes from the study's
-module (:data:`opdgrpo.studies.REGISTRY`); this module only orchestrates. Study keys the registry does not know are
+report half (:data:`opdgrpo.report.studies.REPORTS`) and its declarations (:data:`opdgrpo.studies.REGISTRY`); this
+module only orchestrates. Study keys the registry does not know are
 skipped with a note instead of failing, so a spec from a newer planner still yields the report for the studies this
 code knows.
 """
@@ -40,16 +41,16 @@ from opdgrpo.report.curves import (
     format_pct,
     load_curves,
     load_final_flops,
+    referenced_runs,
     study_instances,
     validate_spec_runs,
 )
 from opdgrpo.report.mfu import mfu_markdown
 from opdgrpo.report.plots import PlotContext, plot_lengths
 from opdgrpo.report.savings import SAVINGS_COLUMNS, finite_figures, format_savings, sign_over_seeds
+from opdgrpo.report.studies import REPORTS
 from opdgrpo.studies import REGISTRY
 
-#: Keys of a study entry whose (nested) string values are run ids: those of every registered study.
-_RUN_REF_KEYS: frozenset[str] = frozenset().union(*(study.run_keys for study in REGISTRY.values()))
 DPI = 150
 
 
@@ -71,36 +72,6 @@ def load_spec(path: Path) -> dict[str, Any]:
     if not isinstance(spec.get("studies", {}), dict):
         raise ReportInputError(f"{path}: key 'studies' must be an object")
     return spec
-
-
-def referenced_runs(study: Any) -> list[str]:
-    """Run ids a study entry refers to: string values under the keys any registered study names runs under
-    (:attr:`~opdgrpo.studies.base.Study.run_keys`), in entry order, each once."""
-    found: list[str] = []
-
-    def collect(value: Any) -> None:
-        if isinstance(value, str):
-            found.append(value)
-        elif isinstance(value, Mapping):
-            for v in value.values():
-                collect(v)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                collect(v)
-
-    def walk(node: Any) -> None:
-        if isinstance(node, Mapping):
-            for k, v in node.items():
-                if k in _RUN_REF_KEYS:
-                    collect(v)
-                else:
-                    walk(v)
-        elif isinstance(node, (list, tuple)):
-            for v in node:
-                walk(v)
-
-    walk(study)
-    return list(dict.fromkeys(found))
 
 
 def known_studies(spec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
@@ -130,7 +101,7 @@ def consolidation_rows(
     """savings.csv's rows: each study present that has a savings row (the consolidation studies, registry order),
     one row per seed, and a ``seed = all`` summary row when there are several."""
     rows = []
-    for key, study in REGISTRY.items():
+    for key, study in REPORTS.items():
         entry = (spec.get("studies") or {}).get(key)
         if entry is None:
             continue
@@ -289,7 +260,7 @@ def draw_figures(
         elif len(instances) > 1:  # lines are means over seeds with a 95% band
             study["title"] = f"{study.get('title', key)} (mean and 95% interval over {len(instances)} seeds)"
         try:
-            drawn = REGISTRY[key].figures(study, ctx)
+            drawn = REPORTS[key].figures(study, ctx)
             if drawn is None:
                 notes.append(f"study {key}: no figure registered")
                 continue
@@ -308,7 +279,7 @@ def study_tables(spec: Mapping[str, Any], keys: Sequence[str], curves: pd.DataFr
     for key in keys:
         instances = study_instances(spec["studies"][key])
         try:
-            drawn = REGISTRY[key].tables(instances, curves, final_flops)
+            drawn = REPORTS[key].tables(instances, curves, final_flops)
         except (KeyError, ValueError) as exc:
             raise ReportInputError(f"study {key}: cannot build its tables: {exc}") from exc
         out.update({f"{key}_{stem}": table for stem, table in drawn.items()})
@@ -325,9 +296,10 @@ def seed_twins(instances: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
 
 def attach_run_info(spec: dict[str, Any], runs_dir: Path) -> None:
     """Let each registered study copy into its spec entries (in place, every seed's) what it reads from run
-    directories besides the curves, e.g. S2's subset solve rates (:meth:`~opdgrpo.studies.base.Study.attach`)."""
+    directories besides the curves, e.g. S2's subset solve rates
+    (:meth:`~opdgrpo.report.studies.base.StudyReport.attach`)."""
     for key, entry in (spec.get("studies") or {}).items():
-        study = REGISTRY.get(key)
+        study = REPORTS.get(key)
         if study is None:
             continue
         for inst in entry["seeds"] if isinstance(entry.get("seeds"), list) else [entry]:

@@ -3,10 +3,10 @@
 At tiny scale the magnitudes cannot match the paper's (tiny models, synthetic tasks), so each claim is reduced to a
 *direction* test on our curves. The claims, their tests and their paper numbers belong to the studies
 (:mod:`opdgrpo.studies`, one module each: :attr:`~opdgrpo.studies.base.Study.claims`,
-:meth:`~opdgrpo.studies.base.Study.evaluate`, :attr:`~opdgrpo.studies.base.Study.direction_tests`); this module
-runs every registered study's evaluator seed by seed, merges the seeds' verdicts (:func:`_combine`) and writes
-the table. Accuracy of a domain = mean of its held-out sets; "first reaches" = linearly interpolated as in
-:mod:`opdgrpo.report.savings`.
+:attr:`~opdgrpo.studies.base.Study.direction_tests`), and each study's evaluator to its report half
+(:meth:`~opdgrpo.report.studies.base.StudyReport.evaluate`); this module runs every study's evaluator seed by
+seed, merges the seeds' verdicts (:func:`_combine`) and writes the table. Accuracy of a domain = mean of its
+held-out sets; "first reaches" = linearly interpolated as in :mod:`opdgrpo.report.savings`.
 
 Verdicts are ``holds``, ``does not hold: <why>``, ``inconclusive: <why>`` or ``not measured: <why>`` (study absent,
 a run lacks the domain). A verdict from one seed is labelled ``(indicative: one seed)`` and claims.md says so at the
@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from opdgrpo.report.curves import ReportInputError, instance_seed, study_instances
+from opdgrpo.report.studies import REPORTS
 from opdgrpo.report.uncertainty import FAILS, HOLDS, INCONCLUSIVE, UNMEASURED, interval_verdict, mean_interval
 from opdgrpo.studies import REGISTRY
 from opdgrpo.studies.base import ClaimDef
@@ -173,7 +174,7 @@ def evaluate_claims(
     studies = spec.get("studies", {}) or {}
     savings = _savings_rows(savings_rows)
     results: dict[str, tuple[str, str]] = {}
-    for key, study in REGISTRY.items():
+    for key, study in REPORTS.items():
         if key not in studies:
             continue
         per_claim: dict[str, list[tuple[Any, str, str]]] = {}
@@ -183,7 +184,7 @@ def evaluate_claims(
                 found = study.evaluate(inst, curves, _savings_for(savings, key, seed))
             except (ReportInputError, KeyError, ValueError) as exc:
                 why = f"the spec's {key} entry lacks key {exc}" if isinstance(exc, KeyError) else str(exc)
-                found = {c.id: ("n/a", f"{UNMEASURED}: {why}") for c in study.claims}
+                found = {c.id: ("n/a", f"{UNMEASURED}: {why}") for c in study.study.claims}
             for cid, result in found.items():
                 per_claim.setdefault(cid, []).append((seed, *result))
         results.update({cid: _combine(v) for cid, v in per_claim.items()})

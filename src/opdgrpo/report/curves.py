@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from opdgrpo.runio import IN_DOMAIN_SET, iter_jsonl
+from opdgrpo.studies import REGISTRY
 
 #: The contracted column order of ``curves.csv`` (DESIGN.md, "Files a run leaves").
 CURVE_COLUMNS: list[str] = [
@@ -344,7 +345,39 @@ def study_instances(study: Any) -> list[dict[str, Any]]:
 def instance_seed(spec: dict[str, Any], instance: dict[str, Any]) -> Any:
     """The seed of a per-seed study entry: the spec's seed of the first run it trained, i.e. of the first value under
     one of the studies' run keys (S2's ``ranking`` names other seeds' runs too). None if none is listed."""
-    from opdgrpo.report.build import referenced_runs  # lazy: build imports this module
-
     seeds = {e["run"]: e.get("seed") for e in spec.get("runs", [])}
     return next((seeds[run] for run in referenced_runs(instance) if run in seeds), None)
+
+
+#: Keys of a study entry whose (nested) string values are run ids: those of every registered study.
+_RUN_REF_KEYS: frozenset[str] = frozenset().union(*(study.run_keys for study in REGISTRY.values()))
+
+
+def referenced_runs(study: Any) -> list[str]:
+    """Run ids a study entry refers to: string values under the keys any registered study names runs under
+    (:attr:`~opdgrpo.studies.base.Study.run_keys`), in entry order, each once."""
+    found: list[str] = []
+
+    def collect(value: Any) -> None:
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, Mapping):
+            for v in value.values():
+                collect(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                collect(v)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                if k in _RUN_REF_KEYS:
+                    collect(v)
+                else:
+                    walk(v)
+        elif isinstance(node, (list, tuple)):
+            for v in node:
+                walk(v)
+
+    walk(study)
+    return list(dict.fromkeys(found))

@@ -2,11 +2,13 @@
 
 Every module of this package that defines ``STUDY`` (an instance of :class:`~opdgrpo.studies.base.Study`) is a
 study; modules without one are shared bases (:mod:`~opdgrpo.studies.comparison` for S1/S1b,
-:mod:`~opdgrpo.studies.consolidation` for S4/S5). Config validation, the planner, the cost model and the report
-all ask this registry; none of them names a study.
+:mod:`~opdgrpo.studies.consolidation` for S4/S5). The planner (which checks each study's block), the cost model
+and the report all ask this registry; none of them names a study. The report's half of each study (figures, claim
+verdicts, savings) is :mod:`opdgrpo.report.studies`, which imports this package and never the other way round.
 
-Adding a study: one module here (``STUDY = MyStudy()``, see :mod:`~opdgrpo.studies.base` for the hooks) and one
-``conf/study/<name>.yaml``, listed in a profile's defaults as ``/study@studies.<NAME>: <name>``.
+Adding a study: one module here (``STUDY = MyStudy()``, see :mod:`~opdgrpo.studies.base` for the hooks), its report
+half in ``opdgrpo/report/studies/<name>.py`` (``REPORT = MyStudyReport()``) where it draws or judges anything, and
+one ``conf/study/<name>.yaml``, listed in a profile's defaults as ``/study@studies.<NAME>: <name>``.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import importlib
 import pkgutil
 from typing import Any
 
-from .base import ClaimDef, CostSheet, SeedEntries, Study, Verdicts, into, study_student
+from .base import ClaimDef, CostSheet, SeedEntries, Study
 
-__all__ = ["REGISTRY", "ClaimDef", "CostSheet", "SeedEntries", "Study", "Verdicts", "into", "study_student"]
+__all__ = ["REGISTRY", "ClaimDef", "CostSheet", "SeedEntries", "Study"]
 
 
 def _discover() -> dict[str, Study[Any]]:

@@ -3,40 +3,32 @@
 A study is one module of :mod:`opdgrpo.studies` that defines ``STUDY``, an instance of a :class:`Study` subclass
 named like its ``studies.<name>`` block in ``conf/``. Everything about that study lives there, in data-flow order:
 
-* **conf**: :meth:`Study.validate` (checks beyond the generic ones :func:`opdgrpo.config.validate` applies to every
-  study block: domains, teachers, student, mix);
+* **conf**: :attr:`Study.schema`, :attr:`Study.keys` and :meth:`Study.validate`, checked by the planner
+  (:func:`opdgrpo.plan.check_studies`) beyond the generic checks :func:`opdgrpo.config.validate` applies to every
+  study block (domains, teachers, student, mix);
 * **plan**: :meth:`Study.plan` asks the planner for the study's runs and returns its *report-spec entry*, a
   ``TypedDict`` (plain JSON: Snakemake writes it into ``spec.json``, the report reads it back; the TypedDict is the
   one place both sides take its keys from);
 * **cost model**: :meth:`Study.cost_rows` (the FLOP figures ``opdgrpo flops estimate`` prints for the study);
-* **report**: :meth:`Study.attach` (copy what the entry needs from run directories), :meth:`Study.savings_row`
-  (matched-FLOP savings, consolidation studies only), :meth:`Study.figures`, :meth:`Study.evaluate` with the claim
-  rows :attr:`Study.claims` and their :attr:`Study.direction_tests` sentence.
+* **claims**: the rows :attr:`Study.claims` and their :attr:`Study.direction_tests` sentence, and what the report
+  writes for the study (:attr:`Study.figure_stems`, :attr:`Study.table_stems`, :attr:`Study.run_keys`).
 
-Imports stay one-way and light: this module imports nothing of the package; plan-side hooks receive the planner;
-report-side hooks import report primitives (pandas, matplotlib) inside the hook, so conf and plan, which import the
-registry, load neither.
+The report reads, draws and judges a study in its own half, :mod:`opdgrpo.report.studies` (one module per study, a
+:class:`~opdgrpo.report.studies.base.StudyReport`), which imports this one. Imports stay one-way: the studies import
+the planner's vocabulary (:mod:`opdgrpo.planner`) and never the report, so planning loads no plotting.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypedDict, TypeVar
 
 if TYPE_CHECKING:  # type hints only: the planner and the report import this module, not the other way round
-    import pandas as pd
-    from matplotlib.figure import Figure
-
-    from opdgrpo.plan import Planner
-    from opdgrpo.report.plots import PlotContext
+    from opdgrpo.planner import Planner
 
 #: A study's report-spec entry type (a TypedDict, one per study kind: what its plan writes and its report reads).
 Entry = TypeVar("Entry", bound=Mapping[str, Any])
-
-#: Claim id -> ``(ours, verdict)`` or ``(ours, verdict, margin, strict)``: see :func:`opdgrpo.report.claims._combine`.
-Verdicts = dict[str, tuple]
 
 
 @dataclass(frozen=True)
@@ -75,9 +67,6 @@ class Study(Generic[Entry]):
 
     ``Entry`` is the study's report-spec entry type: :meth:`plan` returns one, the report-side hooks receive one
     (read back from ``spec.json``), so both halves take the entry's keys from the same TypedDict.
-
-    The report-side hooks take the *per-seed* entry (a study planned with several seeds is evaluated seed by seed;
-    :func:`opdgrpo.report.curves.study_instances`). Defaults do nothing, so a study only writes what it has.
     """
 
     #: The key of its conf block (``studies.<name>``) and of its report-spec entry; also its registry key.
@@ -126,31 +115,6 @@ class Study(Generic[Entry]):
         """Add this study's FLOP figures to ``sheet`` (default: the total of its runs)."""
         sheet.add("all runs", sheet.study_runs)
 
-    # -- report ---------------------------------------------------------------------------------------------------
-    def attach(self, entry: Entry, runs_dir: Path) -> None:
-        """Copy into ``entry`` (in place) what the report needs from run directories beyond the curves."""
-
-    def savings_row(self, spec: Mapping[str, Any], entry: Entry, curves: pd.DataFrame,
-                    final_flops: Mapping[str, float]) -> dict[str, Any] | None:
-        """Its row of savings.csv (matched-FLOP savings), or None when the study has no such figure."""
-        return None
-
-    def figures(self, entry: Entry, ctx: PlotContext) -> dict[str, Figure] | None:
-        """``{file stem: Figure}``: its ``<name>_accuracy`` figure and, where it draws one, ``<name>_length``
-        (else the report draws the generic length figure); None: no figure registered."""
-        return None
-
-    def tables(self, instances: Sequence[Entry], curves: pd.DataFrame,
-               final_flops: Mapping[str, float]) -> dict[str, tuple[pd.DataFrame, str]]:
-        """``{stem: (csv frame, markdown text)}`` for each of :attr:`table_stems`, over every seed's entry at once
-        (a table with intervals over seeds); default none."""
-        return {}
-
-    def evaluate(self, entry: Entry, curves: pd.DataFrame,
-                 savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
-        """Verdicts of its claims measured on ``curves`` (and its savings row, ``savings[name]``, if any)."""
-        return {}
-
 
 #: Study keys of the matching rule (:mod:`opdgrpo.report.matching`) that the plan copies into a report-spec entry;
 #: the report gives an entry without them the rule's defaults.
@@ -171,13 +135,3 @@ def check_smooth_window(cfg: Mapping[str, Any], name: str) -> None:
     window = cfg["studies"][name].get("smooth_window")
     if window is not None and window % 2 == 0:
         raise ConfigError(f"config key `studies.{name}.smooth_window` must be odd (a centred window), got {window}")
-
-
-def study_student(block: Mapping[str, Any]) -> str:
-    """The model a study trains (``studies.<S>.student``; the model named ``student`` by default)."""
-    return str(block.get("student") or "student")
-
-
-def into(student: str) -> str:
-    """Run-id part naming a non-default student (``into_student_8b-``); empty for the default, so ids stay stable."""
-    return "" if student == "student" else f"into_{student}-"

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .base import ClaimDef, Verdicts, into, study_student
-from .comparison import Comparison, ComparisonEntry, ComparisonStudy, loses_per_flop, window_key
+from opdgrpo.planner import into, study_student
+
+from .base import ClaimDef
+from .comparison import Comparison, ComparisonEntry, ComparisonStudy, window_key
 
 if TYPE_CHECKING:
-    import pandas as pd
-
-    from opdgrpo.plan import Planner
+    from opdgrpo.planner import Planner
 
 
 class S1(ComparisonStudy):
@@ -50,11 +50,6 @@ class S1(ComparisonStudy):
                                          {d: f"base:{t}"}, label=label).id
             comparisons.append(Comparison(domain=d, grpo=grpo.id, opd=opd))
         return ComparisonEntry(title=s["title"], comparisons=comparisons, **window_key(s))
-
-    def evaluate(self, entry: ComparisonEntry, curves: pd.DataFrame,
-                 savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
-        """External-teacher OPD vs GRPO per FLOP."""
-        return {"S1": loses_per_flop(entry, curves)}
 
 
 STUDY = S1()

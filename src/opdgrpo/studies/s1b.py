@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .base import ClaimDef, Verdicts, into, study_student
-from .comparison import Comparison, ComparisonEntry, ComparisonStudy, loses_per_flop, window_key
+from opdgrpo.planner import into, study_student
+
+from .base import ClaimDef
+from .comparison import Comparison, ComparisonEntry, ComparisonStudy, window_key
 
 if TYPE_CHECKING:
-    import pandas as pd
-
-    from opdgrpo.plan import Planner
+    from opdgrpo.planner import Planner
 
 
 class S1b(ComparisonStudy):
@@ -55,30 +55,6 @@ class S1b(ComparisonStudy):
                               {d: f"run:{teacher.id}"}, label=label)
             comparisons.append(Comparison(domain=d, grpo=grpo.id, opd={label: opd.id}, teacher=teacher.id))
         return ComparisonEntry(title=s["title"], comparisons=comparisons, **window_key(s))
-
-    def evaluate(self, entry: ComparisonEntry, curves: pd.DataFrame,
-                 savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
-        """The S1 test with the GRPO-trained teacher, and response-length inflation."""
-        from opdgrpo.report.curves import domain_curve
-        from opdgrpo.report.uncertainty import FAILS, HOLDS, UNMEASURED
-
-        out: Verdicts = {"S1b-acc": loses_per_flop(entry, curves)}
-        parts, inflated, pairs = [], 0, 0
-        for comp in entry.get("comparisons", []):
-            domain = comp["domain"]
-            g_len = float(domain_curve(curves, comp["grpo"], domain)["mean_response_length"].iloc[-1])
-            for label, run in comp.get("opd", {}).items():
-                o_len = float(domain_curve(curves, run, domain)["mean_response_length"].iloc[-1])
-                pairs += 1
-                inflated += o_len > g_len
-                parts.append(f"{domain}, {label}: final length OPD {o_len:.1f} vs GRPO {g_len:.1f} tokens")
-        if pairs == 0:
-            out["S1b-len"] = ("no comparisons in the spec", f"{UNMEASURED}: the study lists no comparisons")
-        else:
-            summary = f"OPD longer in {inflated}/{pairs} pairs"
-            verdict = HOLDS if inflated > pairs / 2 else f"{FAILS}: {summary}"
-            out["S1b-len"] = ("; ".join(parts) + f" ({summary})", verdict, inflated / pairs - 0.5, True)
-        return out
 
 
 STUDY = S1b()
