@@ -3,19 +3,19 @@
 # (see docs/design-notes.md).
 # The whole reproduction as one DAG. Scale: `snakemake --config profile=smoke|tiny`; any other
 # setting: `snakemake --config 'overrides=["methods.opd.lr=1e-4"]'` (Hydra override syntax).
-# conf/ -> plan (opdgrpo.plan) -> one job per run -> run directories -> report.
+# conf/ -> plan (opdgrpo.plan.build) -> one job per run -> run directories -> report.
 from pathlib import Path
 
 from opdgrpo.config import compose
-from opdgrpo.plan import build_plan
-from opdgrpo.resources import refuse_unfit
+from opdgrpo.plan.build import build_plan
+from opdgrpo.cost.resources import refuse_unfit
 
 _overrides = [f"profile={config['profile']}"] if "profile" in config else []
 _overrides += list(config.get("overrides", []))
 CFG = compose(_overrides, Path(workflow.basedir) / "conf")
 PLAN = build_plan(CFG)
 ROOT = PLAN.root
-# Each GPU job's estimated peak memory against the profile's `hardware` block (opdgrpo.resources; `opdgrpo resources`
+# Each GPU job's estimated peak memory against the profile's `hardware` block (opdgrpo.cost.resources; `opdgrpo resources`
 # prints the estimates): a job that would not fit is refused here, naming the knob, before anything is scheduled.
 refuse_unfit(CFG, PLAN)
 

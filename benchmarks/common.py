@@ -193,7 +193,7 @@ def run_config(kind: str, world: World, scratch: Path, *, teacher: str = "teache
     ``overrides``: dotted keys (``train.prompts_per_step``, ``method.lr``, ``domains.math.heldout.amc.size``) set on
     the run config after it is resolved; an unknown key is an error (a typo would silently benchmark the default).
     """
-    from opdgrpo.plan import build_plan
+    from opdgrpo.plan.build import build_plan
 
     plan = build_plan(tiny_config(scratch / "results"))
     run_id = f"grpo-student-{domain}-s0" if kind == "grpo" else f"opd-{teacher}-{domain}-s0"

@@ -110,7 +110,7 @@ def device_memory_gib() -> float | None:
 def compose_plan(args: argparse.Namespace, results: Path, memory_gib: float | None):
     """The pilot's config and plan; on a GPU ``hardware.memory_gib`` is the device's own."""
     from opdgrpo.config import compose
-    from opdgrpo.plan import build_plan
+    from opdgrpo.plan.build import build_plan
 
     preset = PRESETS[args.preset]["overrides"]
     if args.engine == "hf":   # the engine's own keys go with it
@@ -124,7 +124,7 @@ def compose_plan(args: argparse.Namespace, results: Path, memory_gib: float | No
 
 def predictions(cfg: dict[str, Any], plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """The planner's estimate of each pilot job (peak GiB per GPU, its phase, vLLM's start) and what would not fit."""
-    from opdgrpo.resources import estimate_jobs, unfit
+    from opdgrpo.cost.resources import estimate_jobs, unfit
 
     estimates = [e for e in estimate_jobs(cfg, plan) if e.job in JOBS]
     out = {}

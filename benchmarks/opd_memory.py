@@ -6,7 +6,7 @@ float32 per shard. This prints, for random Qwen3 models with a 32,768-entry voca
 logits dominate, as in a real model at long rows), the peak bytes torch allocated during one OPD step (student
 forward, teacher forward, loss, backward) beyond the same step with the LM head replaced by a sum of the hidden
 states (the decoder's own share), and the teacher's part alone (its forward, the logits at the student's top-k ids).
-Measured with :func:`opdgrpo.memprobe.peak_bytes` (torch.profiler's allocator records, summed in time order).
+Measured with :func:`opdgrpo.cost.memprobe.peak_bytes` (torch.profiler's allocator records, summed in time order).
 
     PYTHONPATH=src:tests python benchmarks/opd_memory.py [--vocab 32768] [--rows 2 4 8] [--length 512] [--chunks 64 256 1024] [--threads 1]
 """
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import opd_memory_cases as cases  # noqa: E402
 
-from opdgrpo.memprobe import peak_bytes  # noqa: E402
+from opdgrpo.cost.memprobe import peak_bytes  # noqa: E402
 
 MB = 2 ** 20
 

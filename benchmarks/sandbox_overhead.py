@@ -5,9 +5,9 @@ Three workloads, each run under every mechanism this machine has (``OPDGRPO_SAND
 
 * ``rewards``: the tiny code domain's ``score`` on a GRPO-sized batch (``--prompts`` x ``--group`` completions of
   the training pool: the reference solutions in both styles, wrong coefficients, syntax and runtime errors, with
-  the repeats a group has), which batches the programs into one harness run per worker (``opdgrpo.execution``).
+  the repeats a group has), which batches the programs into one harness run per worker (``opdgrpo.sandbox.execution``).
   The rewards must come out identical under every mechanism (checked, exit 1 otherwise).
-* ``stdio``: ``--stdio`` whole programs on standard input, one sandbox per program (``opdgrpo.stdio_execution``,
+* ``stdio``: ``--stdio`` whole programs on standard input, one sandbox per program (``opdgrpo.sandbox.stdio``,
   the paper-scale code domain's path), three tests each.
 * ``empty``: one sandboxed run of an empty program (``run_python("pass")``), ``--empty`` times in a row: the
   per-run start-up and tear-down alone.
@@ -29,10 +29,10 @@ import time
 
 import common
 
-from opdgrpo import sandbox  # noqa: E402  (common puts src/ on the path)
 from opdgrpo.config import compose  # noqa: E402
 from opdgrpo.domains import build_domain  # noqa: E402
-from opdgrpo.stdio_execution import StdioRun, run_stdio_programs  # noqa: E402
+from opdgrpo.sandbox import isolation as sandbox  # noqa: E402  (common puts src/ on the path)
+from opdgrpo.sandbox.stdio import StdioRun, run_stdio_programs  # noqa: E402
 
 
 def code_batch(prompts: int, group: int, seed: int = 0):

@@ -1,4 +1,4 @@
-"""What the code harness's warm-up saves: CPU per scored program with and without it (``opdgrpo.execution``).
+"""What the code harness's warm-up saves: CPU per scored program with and without it (``opdgrpo.sandbox.execution``).
 
 The harness forks one process per program. Without the warm-up every child pays the first ``compile()`` and
 ``json.dumps()`` of a fresh interpreter again; with it the harness pays them once, before the first fork. Both
@@ -22,7 +22,8 @@ import time
 import common
 from sandbox_overhead import code_batch
 
-from opdgrpo import execution, sandbox  # noqa: E402  (common puts src/ on the path)
+from opdgrpo.sandbox import execution  # noqa: E402  (common puts src/ on the path)
+from opdgrpo.sandbox import isolation as sandbox
 
 _CALL = "    _warm_up()\n"
 

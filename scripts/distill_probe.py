@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from opdgrpo.config import compose
-from opdgrpo.plan import build_plan
+from opdgrpo.plan.build import build_plan
 from opdgrpo.train import train
 
 

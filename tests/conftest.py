@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from opdgrpo.config import compose
-from opdgrpo.plan import build_plan
+from opdgrpo.plan.build import build_plan
 
 REPO = Path(__file__).resolve().parents[1]
 TIERS = ("unit", "integration", "e2e")
@@ -66,9 +66,9 @@ def _restore_torch_threads():
 
 @pytest.fixture(autouse=True)
 def _fresh_check_memo():
-    """The code checker remembers outcomes per process (opdgrpo.execution); each test runs the programs it names, so a
+    """The code checker remembers outcomes per process (opdgrpo.sandbox.execution); each test runs the programs it names, so a
     batch of hostile and good programs stays a batch in every test, not only the first."""
-    from opdgrpo import execution
+    from opdgrpo.sandbox import execution
 
     execution._memo.clear()
     yield

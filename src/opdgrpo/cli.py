@@ -30,8 +30,9 @@ def _add_job_args(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_plan(args) -> int:
+    from opdgrpo.plan.build import build_plan
+
     from .config import compose
-    from .plan import build_plan
 
     plan = build_plan(compose(args.overrides, args.conf_dir))
     for job in plan.jobs.values():
@@ -124,8 +125,8 @@ def _forward(module: str, argv: Sequence[str]) -> int:
     return importlib.import_module(module).main(list(argv)) or 0
 
 
-FORWARDED = {"report": "opdgrpo.report.build", "savings": "opdgrpo.report.savings", "flops": "opdgrpo.cost_cli",
-             "resources": "opdgrpo.resources"}
+FORWARDED = {"report": "opdgrpo.report.build", "savings": "opdgrpo.report.savings", "flops": "opdgrpo.cost.cli",
+             "resources": "opdgrpo.cost.resources"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -129,7 +129,7 @@ def validate(cfg: dict[str, Any]) -> None:
     """Check the config before any compute: against its schemas (``src/opdgrpo/schemas``: every key's type, range and
     allowed values, and no key that nothing reads), then what a schema cannot say: the names one block gives another
     (a study's domains and models) and the domains' pools (built once here). Each study's own keys and rules are
-    checked by the planner (:func:`opdgrpo.plan.check_studies`), which knows the studies; conf does not."""
+    checked by the planner (:func:`opdgrpo.plan.build.check_studies`), which knows the studies; conf does not."""
     try:
         schema.validate(cfg, "config")
     except schema.SchemaError as err:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from opdgrpo.config import compose
-from opdgrpo.plan import build_plan
+from opdgrpo.plan.build import build_plan
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]

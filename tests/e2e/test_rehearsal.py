@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from opdgrpo.config import compose
-from opdgrpo.plan import build_plan
+from opdgrpo.plan.build import build_plan
 
 REPO = Path(__file__).resolve().parents[2]
 RULE = re.compile(r"^(?:local)?rule (\w+):", flags=re.M)

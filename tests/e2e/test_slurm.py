@@ -227,7 +227,7 @@ def slurm_and_local_dags(slurm_cluster, rehearsal_dag, tmp_path_factory):
 
 def test_rehearsal_slice_through_slurm_matches_the_local_run(slurm_and_local_dags):
     from opdgrpo.config import compose
-    from opdgrpo.plan import build_plan
+    from opdgrpo.plan.build import build_plan
 
     slurm_dir, local_dir, log = slurm_and_local_dags
     subset = build_plan(compose(["profile=rehearsal", *DROPPED], REPO / "conf")).jobs
@@ -284,7 +284,7 @@ LIMIT_MIN, WARNING_S = 1, 5
 def time_limited_run(slurm_cluster, smoke_dag, tmp_path_factory):
     """The run through SLURM with a 1-minute limit, and the same job config uninterrupted, by hand, next to it."""
     from opdgrpo.config import compose
-    from opdgrpo.plan import build_plan
+    from opdgrpo.plan.build import build_plan
 
     workdir = tmp_path_factory.mktemp("time_limited")
     overrides = [f"methods.grpo.steps={LIMITED_STEPS}", f"resources.train.runtime={LIMIT_MIN}"]

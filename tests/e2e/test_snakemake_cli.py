@@ -57,7 +57,7 @@ def test_snakemake_dry_run_lists_the_paper_dag_with_resources(paper_dry_run):
 
 
 def test_snakemake_refuses_a_paper_job_that_would_not_fit_its_gpus(runs):
-    """opdgrpo.resources' estimate against the profile's `hardware`: nothing is scheduled, the knob is named."""
+    """opdgrpo.cost.resources' estimate against the profile's `hardware`: nothing is scheduled, the knob is named."""
     _, out = runs["paper_too_big"]
     text = out.stdout + out.stderr
     assert out.returncode != 0 and "Job stats" not in out.stdout

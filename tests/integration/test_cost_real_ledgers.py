@@ -1,4 +1,4 @@
-"""The cost model (opdgrpo.cost) against real smoke-size ledgers: a prediction equals what a training run counted."""
+"""The cost model (opdgrpo.cost.model) against real smoke-size ledgers: a prediction equals what a training run counted."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from opdgrpo import cost
+from opdgrpo.cost import model as cost
 from opdgrpo.runio import read_jsonl
 from opdgrpo.train import train
 

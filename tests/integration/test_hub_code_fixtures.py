@@ -13,7 +13,7 @@ import yaml
 from proc_markers import survivors_after
 
 from opdgrpo.domains.hub_code import HubCodeDomain
-from opdgrpo.sandbox import isolation
+from opdgrpo.sandbox.isolation import isolation
 from opdgrpo.verifiers.code import (
     decode_test_cases,
     select_tests,
@@ -281,7 +281,7 @@ def test_extra_metrics_reuse_the_scores(domain, lcb, monkeypatch):
 
 
 def test_expected_outputs_never_enter_the_sandbox(lcb, monkeypatch):
-    import opdgrpo.stdio_execution as stdio
+    import opdgrpo.sandbox.stdio as stdio
 
     seen: list[str] = []
     real = stdio.run_python

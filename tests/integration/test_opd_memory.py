@@ -2,7 +2,7 @@
 vocabulary (a 32,768-entry vocabulary, rows of 512 response tokens; 46 s on the Zen 1's 2 cores, hence not a unit
 test: 100 s with 2 and 4 rows, before issue 25's cuts).
 
-How it is measured: :func:`opdgrpo.memprobe.peak_bytes`, torch.profiler with ``profile_memory``: every CPU tensor
+How it is measured: :func:`opdgrpo.cost.memprobe.peak_bytes`, torch.profiler with ``profile_memory``: every CPU tensor
 allocation and free the allocator reports, summed in time order; the largest sum is the peak beyond what existed
 before the call. The loss's extra memory is the OPD step's peak (student forward, teacher forward at the student's
 top-k ids, loss, backward) less the peak of the same forward and backward with the LM head replaced by a sum of the
@@ -25,7 +25,7 @@ import opd_memory_cases as cases
 import pytest
 import torch
 
-from opdgrpo.memprobe import peak_bytes
+from opdgrpo.cost.memprobe import peak_bytes
 
 pytestmark = pytest.mark.timeout(600)
 

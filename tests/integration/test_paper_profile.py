@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from opdgrpo.config import compose
-from opdgrpo.plan import build_plan
+from opdgrpo.plan.build import build_plan
 from opdgrpo.runio import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]

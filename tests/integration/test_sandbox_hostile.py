@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 from proc_markers import survivors_after
 
-import opdgrpo.sandbox as sandbox
-from opdgrpo.execution import ProgramCheck, check_programs
-from opdgrpo.sandbox import isolation, run_python
+import opdgrpo.sandbox.isolation as sandbox
+from opdgrpo.sandbox.execution import ProgramCheck, check_programs
+from opdgrpo.sandbox.isolation import isolation, run_python
 
 SECRET_TOKEN = "secret-hf-" + uuid.uuid4().hex
 SECRET_KEY = "-----BEGIN OPENSSH PRIVATE KEY----- secret-key-" + uuid.uuid4().hex
@@ -319,7 +319,7 @@ READS = {
                   + _tries(["/root"], "list"), "reads", _check_root_home),  # fmt: skip
     "home_dirs_and_ssh_key_by_absolute_path": (_tries(["{KEY}"]) + _tries(["{HOME}", "{HOME}/.ssh", "/home"], "list"),
                                                "reads", lambda f, w: _all_fail(f, ABSENT)),  # fmt: skip
-    "project_checkout": (_tries(["{REPO}/pyproject.toml", "{REPO}/src/opdgrpo/sandbox.py", "{REPO}/.git", "{VENV}/pyvenv.cfg"])
+    "project_checkout": (_tries(["{REPO}/pyproject.toml", "{REPO}/src/opdgrpo/sandbox/isolation.py", "{REPO}/.git", "{VENV}/pyvenv.cfg"])
                          + _tries(["{REPO}", "{VENV}", "{REPO}/src"], "list"), "reads", lambda f, w: _all_fail(f, ABSENT)),  # fmt: skip
     "other_runs_results": (_tries(["{RUNS}/tiny/runs/other-run/ledger.jsonl", "{REPO}/results/tiny/report/claims.md"])
                            + _tries(["{RUNS}", "{RUNS}/tiny/runs", "{REPO}/results"], "list"), "reads",

@@ -28,7 +28,7 @@ from opdgrpo import runio
 from opdgrpo.config import ConfigError, compose
 from opdgrpo.domains import Task
 from opdgrpo.domains.math import MathDomain
-from opdgrpo.plan import build_plan
+from opdgrpo.plan.build import build_plan
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"

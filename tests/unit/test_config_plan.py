@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from opdgrpo.config import ConfigError, compose
-from opdgrpo.plan import build_plan
+from opdgrpo.plan.build import build_plan
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
@@ -129,10 +129,10 @@ def test_several_seeds_plan_every_run_per_seed():
 
 
 def test_every_conf_study_has_a_registered_module():
-    """Adding a study is one module in opdgrpo.studies plus one conf/study/*.yaml: both must name the same studies."""
+    """Adding a study is one module in opdgrpo.plan.studies plus one conf/study/*.yaml: both must name the same studies."""
     import yaml
 
-    from opdgrpo.studies import REGISTRY
+    from opdgrpo.plan.studies import REGISTRY
 
     names = {yaml.safe_load(path.read_text())["name"] for path in (CONF / "study").glob("*.yaml")}
     assert names == set(REGISTRY)

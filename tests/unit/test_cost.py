@@ -1,4 +1,4 @@
-"""The cost model (opdgrpo.cost): hand computations with the ledger's formulas, and real smoke-size ledgers."""
+"""The cost model (opdgrpo.cost.model): hand computations with the ledger's formulas, and real smoke-size ledgers."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from transformers import Qwen3Config
 
-from opdgrpo import cost
 from opdgrpo import flops as F
 from opdgrpo.cli import main as cli_main
 from opdgrpo.config import ConfigError, compose
-from opdgrpo.plan import build_plan
+from opdgrpo.cost import model as cost
+from opdgrpo.plan.build import build_plan
 
 REPO = Path(__file__).resolve().parents[2]
 ARCH = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
@@ -152,7 +152,7 @@ def test_cli_table_csv_and_study_totals(tmp_path, capsys):
 
 
 def test_paper_solver_inverts_the_cost_model():
-    from opdgrpo import cost_solve as S
+    from opdgrpo.cost import solve as S
 
     # the architectures are the Qwen3 model cards' sizes (1.7B, 4.0B, 8.2B, 14.8B, 32.8B parameters)
     cards = {"qwen3_1.7b": 1.7e9, "qwen3_4b": 4.0e9, "qwen3_8b": 8.2e9, "qwen3_14b": 14.8e9, "qwen3_32b": 32.8e9}
@@ -197,7 +197,7 @@ def test_paper_profile_steps_are_what_the_papers_budgets_buy(capsys):
     figure's run, at those steps, spends at least the figure's budget (x its margin) within one step."""
     from omegaconf import OmegaConf
 
-    from opdgrpo.cost_solve import solve_steps
+    from opdgrpo.cost.solve import solve_steps
 
     cfg = compose(["profile=paper"], REPO / "conf")
     plan = build_plan(cfg)

@@ -9,9 +9,9 @@ import uuid
 import pytest
 from proc_markers import survivors_after
 
-import opdgrpo.execution as execution
-from opdgrpo.execution import CheckOutcome, ProgramCheck, check_programs
-from opdgrpo.sandbox import isolation
+import opdgrpo.sandbox.execution as execution
+from opdgrpo.sandbox.execution import CheckOutcome, ProgramCheck, check_programs
+from opdgrpo.sandbox.isolation import isolation
 
 TESTS = (((0,), 1), ((1,), 4), ((2,), 7), ((5,), 16))  # f(x) = 3x + 1
 

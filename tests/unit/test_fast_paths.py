@@ -20,7 +20,7 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content']
 def tokenizer(tmp_path_factory):
     """The smoke profile's tokenizer, built and saved as its job builds it, then loaded back (no models needed)."""
     from opdgrpo.config import compose
-    from opdgrpo.plan import build_plan
+    from opdgrpo.plan.build import build_plan
     from opdgrpo.tokenizer import build_tokenizer, save_tokenizer
 
     root = tmp_path_factory.mktemp("tokenizer")

@@ -66,8 +66,8 @@ def test_check_completions_directly():
 
 
 def test_stdio_runner_directly(monkeypatch):
-    import opdgrpo.stdio_execution as stdio
-    from opdgrpo.stdio_execution import StdioOutcome, StdioRun, run_stdio_programs
+    import opdgrpo.sandbox.stdio as stdio
+    from opdgrpo.sandbox.stdio import StdioOutcome, StdioRun, run_stdio_programs
 
     calls: list[int] = []
     real = stdio.run_python

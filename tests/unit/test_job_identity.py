@@ -9,7 +9,7 @@ import pytest
 
 from opdgrpo import checkpoint, job_identity
 from opdgrpo.config import compose
-from opdgrpo.plan import build_plan
+from opdgrpo.plan.build import build_plan
 
 
 def test_the_rules_hash_no_runtime_key_and_the_job_gets_them_back():

@@ -1,5 +1,5 @@
-"""The memory model (opdgrpo.memory_model) against what torch allocates on CPU: the decoder's activations and
-gradients measured by the allocator (opdgrpo.memprobe) within 20% of the prediction, with and without activation
+"""The memory model (opdgrpo.cost.memory_model) against what torch allocates on CPU: the decoder's activations and
+gradients measured by the allocator (opdgrpo.cost.memprobe) within 20% of the prediction, with and without activation
 checkpointing, eager and SDPA attention, float32 and bfloat16 weights under bf16 autocast (measured here: ratios
 0.87-1.04 over 32 such cases); parameter counts and the KV cache exactly."""
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from opdgrpo import memory_model as mm
-from opdgrpo.memprobe import peak_bytes
+from opdgrpo.cost import memory_model as mm
+from opdgrpo.cost.memprobe import peak_bytes
 from opdgrpo.models import enable_activation_checkpointing
 
 VOCAB = 512

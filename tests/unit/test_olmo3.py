@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from transformers import Olmo3Config
 
-from opdgrpo import cost
 from opdgrpo import flops as F
 from opdgrpo.config import ConfigError, compose
-from opdgrpo.plan import build_plan
+from opdgrpo.cost import model as cost
+from opdgrpo.plan.build import build_plan
 
 REPO = Path(__file__).resolve().parents[2]
 OLMO = ["+studies.S1.student=student_olmo3", "studies.S1.teachers=[olmo3_7b_think]"]

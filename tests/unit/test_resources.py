@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from opdgrpo import resources
 from opdgrpo.config import ConfigError, compose
-from opdgrpo.memory_model import GIB
-from opdgrpo.plan import build_plan
+from opdgrpo.cost import resources
+from opdgrpo.cost.memory_model import GIB
+from opdgrpo.plan.build import build_plan
 
 HF = "train.engine=hf ~train.vllm ~train.vllm_alone methods.grpo.engine_is_cap=null train.micro_batches=64"   # the own sampler: 8 rows per call
 
@@ -90,11 +90,11 @@ def test_engine_settings_under_hf_are_an_error():
         compose(["profile=paper", "train.engine=hf", "~train.vllm"])
 
 
-# -- vLLM's own start-up rule (opdgrpo.engine_memory) ---------------------------------------------------------------
+# -- vLLM's own start-up rule (opdgrpo.cost.engine_memory) ---------------------------------------------------------------
 
 def _shape(cfg, name):
-    from opdgrpo.cost import architecture
-    from opdgrpo.memory_model import Shape
+    from opdgrpo.cost.memory_model import Shape
+    from opdgrpo.cost.model import architecture
 
     return Shape.of(architecture(cfg, name))
 
@@ -111,7 +111,7 @@ def test_the_planner_applies_vllms_own_start_up_rule(paper, model):
     from vllm.v1.core.kv_cache_utils import _check_enough_kv_cache_memory
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-    from opdgrpo.engine_memory import BLOCK, EngineStart, kv_row_bytes
+    from opdgrpo.cost.engine_memory import BLOCK, EngineStart, kv_row_bytes
 
     shape = _shape(paper[0], model)
     for length in (8704, 9692, 40960):
@@ -165,7 +165,7 @@ def test_gpu_hours_are_a_range_with_sampling_bound_by_decode(paper):
     """With ``hardware.memory_tbps`` each engine job's hours get a decode-bound high end (continuous batching of
     the rows its KV pool holds, at least the longest row's steps); the total reads as a range; every job's high end
     fits the runtime it asks SLURM for (a base job that outlived it would start over)."""
-    from opdgrpo.engine_memory import EngineStart, decode_seconds
+    from opdgrpo.cost.engine_memory import EngineStart, decode_seconds
 
     cfg, plan = paper
     estimates = {e.job: e for e in resources.estimate_jobs(cfg, plan)}
@@ -192,7 +192,7 @@ def test_host_memory_on_resume_holds_the_trainer_state_while_the_models_load(pap
     """A resumed run's processes each read the checkpoint's full optimizer state (Adam: 8 bytes per parameter)
     before the models load: S1's 32B-teacher OPD reads 488 GiB per node at a fresh start, 728 on resume, so a
     node of 600 GB fits the start and not the resume, and the refusal says so."""
-    from opdgrpo.memory_model import ADAM_STATE_BYTES
+    from opdgrpo.cost.memory_model import ADAM_STATE_BYTES
 
     cfg, plan = paper
     estimates = {e.job: e for e in resources.estimate_jobs(cfg, plan)}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from opdgrpo.config import compose
-from opdgrpo.plan import build_plan
+from opdgrpo.plan.build import build_plan
 from opdgrpo.run_shape import DEFAULT_CHUNK_TOKENS, RunShape
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,8 +51,8 @@ def test_shards_that_cannot_be_dealt_are_refused_naming_the_key(runs):
 
 def test_the_planner_reads_the_strategy_from_the_shape(runs):
     """An unset ``train.distributed`` is DDP for the planner as for the trainer: its gradient buckets are counted."""
-    from opdgrpo.memory_model import Shape
-    from opdgrpo.resources import _train_static
+    from opdgrpo.cost.memory_model import Shape
+    from opdgrpo.cost.resources import _train_static
 
     cfg = copy.deepcopy(runs["grpo-student-code-s0"])
     cfg["train"].pop("distributed")

@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 
 from opdgrpo.config import ConfigError, compose
-from opdgrpo.plan import build_plan
+from opdgrpo.plan.build import build_plan
+from opdgrpo.plan.studies.s6 import level_tag
 from opdgrpo.report.curves import CURVE_COLUMNS
 from opdgrpo.report.studies import REPORTS
 from opdgrpo.report.studies.s6 import map_figure, map_frame, map_markdown
-from opdgrpo.studies.s6 import level_tag
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
@@ -104,7 +104,7 @@ def test_a_study_or_model_set_to_null_is_switched_off():
 
 
 def test_the_cost_model_prices_every_map_run():
-    from opdgrpo.cost import estimate_plan, study_totals
+    from opdgrpo.cost.model import estimate_plan, study_totals
 
     cfg = smoke_map()
     plan = build_plan(cfg)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from proc_markers import survivors_after
 
-import opdgrpo.sandbox as sandbox
-from opdgrpo.sandbox import MECHANISMS, SandboxResult, isolation, mechanism, run_python
+import opdgrpo.sandbox.isolation as sandbox
+from opdgrpo.sandbox.isolation import MECHANISMS, SandboxResult, isolation, mechanism, run_python
 
 REPO = Path(__file__).resolve().parents[2]
 

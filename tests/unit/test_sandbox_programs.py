@@ -1,4 +1,4 @@
-"""The sandbox's child programs are files of the package (opdgrpo/sandbox_programs), joined with their common part:
+"""The sandbox's child programs are files of the package (opdgrpo/sandbox/programs), joined with their common part:
 each joined text compiles, every file belongs to a program, and the host sends exactly these texts."""
 
 from __future__ import annotations
@@ -7,8 +7,10 @@ from importlib import resources
 
 import pytest
 
-from opdgrpo import execution, sandbox, stdio_execution
-from opdgrpo.sandbox_programs import PARTS, program
+from opdgrpo.sandbox import execution
+from opdgrpo.sandbox import isolation as sandbox
+from opdgrpo.sandbox import stdio as stdio_execution
+from opdgrpo.sandbox.programs import PARTS, program
 
 
 @pytest.mark.parametrize("name", sorted(PARTS))
@@ -17,7 +19,7 @@ def test_each_program_compiles_as_sent(name):
 
 
 def test_every_file_belongs_to_a_program():
-    files = {f.name.removesuffix(".py") for f in resources.files("opdgrpo.sandbox_programs").iterdir()
+    files = {f.name.removesuffix(".py") for f in resources.files("opdgrpo.sandbox.programs").iterdir()
              if f.name.endswith(".py") and f.name != "__init__.py"}
     assert files == {part for parts in PARTS.values() for part in parts}
 

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from opdgrpo.config import compose
-from opdgrpo.plan import build_plan
-from opdgrpo.schedule import estimated_seconds, priorities
+from opdgrpo.cost.schedule import estimated_seconds, priorities
+from opdgrpo.plan.build import build_plan
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,6 +44,6 @@ def _job(jid, upstream, seconds):
 def test_priority_follows_the_longest_chain_not_the_job_alone(monkeypatch):
     """a(1) -> b(100) outranks c(50) with nothing after it: list scheduling by critical path."""
     jobs = {"a": _job("a", [], 1), "b": _job("b", ["a"], 100), "c": _job("c", [], 50), "d": _job("d", ["c"], 1)}
-    monkeypatch.setattr("opdgrpo.schedule.estimated_seconds", lambda cfg, job, jobs: job.seconds)
+    monkeypatch.setattr("opdgrpo.cost.schedule.estimated_seconds", lambda cfg, job, jobs: job.seconds)
     prio = priorities({}, SimpleNamespace(jobs=jobs))
     assert prio["a"] > prio["c"] > prio["d"] and prio["b"] > prio["c"]

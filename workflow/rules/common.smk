@@ -44,9 +44,9 @@ def consumed(role):
 LOGS = f"{ROOT}/logs"
 THREADS = int(CFG["threads"])
 
-# Start order: each job's estimated seconds plus the longest chain of jobs that need it (opdgrpo.schedule), so
+# Start order: each job's estimated seconds plus the longest chain of jobs that need it (opdgrpo.cost.schedule), so
 # the long runs start early and short ones fill the end instead of one core idling behind the last long run.
-from opdgrpo.schedule import priorities as _priorities
+from opdgrpo.cost.schedule import priorities as _priorities
 
 PRIORITY = _priorities(CFG, PLAN)
 

@@ -1,7 +1,7 @@
 # The report: curves, plots, savings and claims from every run directory of this profile.
 # Figures and tables are registered with report(), so `snakemake --report report.html` gives one page.
 
-from opdgrpo.studies import REGISTRY
+from opdgrpo.plan.studies import REGISTRY
 
 REPORT_DIR = f"{ROOT}/report"
 REPORT_STUDIES = [s for s in PLAN.report_spec["studies"]]

@@ -1,7 +1,7 @@
 """Code: the tiny world's stand-in for LiveCodeBench.
 
 The prompt shows a function's values at a few inputs, e.g. ``code 0:3 1:7 2:11`` and a newline. The
-model writes the body of ``def f(x):``; the program is executed in the sandbox (:mod:`opdgrpo.execution`)
+model writes the body of ``def f(x):``; the program is executed in the sandbox (:mod:`opdgrpo.sandbox.execution`)
 against hidden inputs it never saw, so a memorised table of the visible values fails. A brief student
 writes `` return x*4+3``; a thinking teacher writes code that works it out (``b=3``, ``a=7-b``,
 ``return x*a+b`` on separate lines). Reward: all hidden tests pass
@@ -19,7 +19,8 @@ from __future__ import annotations
 import random
 from typing import Any, Mapping, Sequence
 
-from ..execution import ProgramCheck, check_programs
+from opdgrpo.sandbox.execution import ProgramCheck, check_programs
+
 from .base import SharedForm, Task, check_style, stable_fraction
 
 

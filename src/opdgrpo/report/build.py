@@ -10,7 +10,7 @@ so an interrupted report never leaves a half-written file that Snakemake would t
 * ``<study>_accuracy.png/.pdf`` and ``<study>_length.png/.pdf`` per study.
 
 What is study-specific (its savings row, figures, claims, data copied from run directories) comes from the study's
-report half (:data:`opdgrpo.report.studies.REPORTS`) and its declarations (:data:`opdgrpo.studies.REGISTRY`); this
+report half (:data:`opdgrpo.report.studies.REPORTS`) and its declarations (:data:`opdgrpo.plan.studies.REGISTRY`); this
 module only orchestrates. Study keys the registry does not know are
 skipped with a note instead of failing, so a spec from a newer planner still yields the report for the studies this
 code knows.
@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from opdgrpo.plan.studies import REGISTRY
 from opdgrpo.progress import Stages
 from opdgrpo.report.claims import claims_table
 from opdgrpo.report.conditions import conditions_markdown
@@ -49,7 +50,6 @@ from opdgrpo.report.mfu import mfu_markdown
 from opdgrpo.report.plots import PlotContext, plot_lengths
 from opdgrpo.report.savings import SAVINGS_COLUMNS, finite_figures, format_savings, sign_over_seeds
 from opdgrpo.report.studies import REPORTS
-from opdgrpo.studies import REGISTRY
 
 DPI = 150
 
@@ -274,7 +274,7 @@ def draw_figures(
 
 def study_tables(spec: Mapping[str, Any], keys: Sequence[str], curves: pd.DataFrame,
                  final_flops: Mapping[str, float]) -> dict[str, tuple[pd.DataFrame, str]]:
-    """Every study's own tables (:meth:`~opdgrpo.studies.base.Study.tables`), ``{file stem: (frame, markdown)}``."""
+    """Every study's own tables (:meth:`~opdgrpo.plan.studies.base.Study.tables`), ``{file stem: (frame, markdown)}``."""
     out: dict[str, tuple[pd.DataFrame, str]] = {}
     for key in keys:
         instances = study_instances(spec["studies"][key])

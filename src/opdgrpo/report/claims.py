@@ -2,8 +2,8 @@
 
 At tiny scale the magnitudes cannot match the paper's (tiny models, synthetic tasks), so each claim is reduced to a
 *direction* test on our curves. The claims, their tests and their paper numbers belong to the studies
-(:mod:`opdgrpo.studies`, one module each: :attr:`~opdgrpo.studies.base.Study.claims`,
-:attr:`~opdgrpo.studies.base.Study.direction_tests`), and each study's evaluator to its report half
+(:mod:`opdgrpo.plan.studies`, one module each: :attr:`~opdgrpo.plan.studies.base.Study.claims`,
+:attr:`~opdgrpo.plan.studies.base.Study.direction_tests`), and each study's evaluator to its report half
 (:meth:`~opdgrpo.report.studies.base.StudyReport.evaluate`); this module runs every study's evaluator seed by
 seed, merges the seeds' verdicts (:func:`_combine`) and writes the table. Accuracy of a domain = mean of its
 held-out sets; "first reaches" = linearly interpolated as in :mod:`opdgrpo.report.savings`.
@@ -22,11 +22,11 @@ from typing import Any
 
 import pandas as pd
 
+from opdgrpo.plan.studies import REGISTRY
+from opdgrpo.plan.studies.base import ClaimDef
 from opdgrpo.report.curves import ReportInputError, instance_seed, study_instances
 from opdgrpo.report.studies import REPORTS
 from opdgrpo.report.uncertainty import FAILS, HOLDS, INCONCLUSIVE, UNMEASURED, interval_verdict, mean_interval
-from opdgrpo.studies import REGISTRY
-from opdgrpo.studies.base import ClaimDef
 
 #: Every claim row of claims.md, in order: the registered studies' rows, studies in registry (name) order.
 CLAIMS: list[ClaimDef] = [claim for study in REGISTRY.values() for claim in study.claims]
@@ -207,7 +207,7 @@ def claims_table(
 ) -> str:
     """Markdown of claims.md: a header naming the profile, one row per paper claim, then the direction tests.
 
-    ``savings_rows`` are the studies' savings rows (:meth:`~opdgrpo.studies.base.Study.savings_row`), each with its
+    ``savings_rows`` are the studies' savings rows (:meth:`~opdgrpo.plan.studies.base.Study.savings_row`), each with its
     ``study`` key (or a mapping study -> dict).
     """
     profile = spec.get("profile", "unknown")

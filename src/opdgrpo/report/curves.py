@@ -20,8 +20,8 @@ from typing import Any
 
 import pandas as pd
 
+from opdgrpo.plan.studies import REGISTRY
 from opdgrpo.runio import IN_DOMAIN_SET, iter_jsonl
-from opdgrpo.studies import REGISTRY
 
 #: The contracted column order of ``curves.csv`` (DESIGN.md, "Files a run leaves").
 CURVE_COLUMNS: list[str] = [
@@ -355,7 +355,7 @@ _RUN_REF_KEYS: frozenset[str] = frozenset().union(*(study.run_keys for study in 
 
 def referenced_runs(study: Any) -> list[str]:
     """Run ids a study entry refers to: string values under the keys any registered study names runs under
-    (:attr:`~opdgrpo.studies.base.Study.run_keys`), in entry order, each once."""
+    (:attr:`~opdgrpo.plan.studies.base.Study.run_keys`), in entry order, each once."""
     found: list[str] = []
 
     def collect(value: Any) -> None:

@@ -13,7 +13,7 @@ first real decade; every figure's caption says so. Distances left of the break m
 
 Figures are built on :class:`matplotlib.figure.Figure` with the Agg canvas (no pyplot global state), and returned
 to the caller, which saves them (PNG and PDF) atomically. Each study draws its own figures from these primitives
-(:meth:`opdgrpo.studies.base.Study.figures`); :func:`plot_lengths` is the length figure of a study that draws none.
+(:meth:`opdgrpo.plan.studies.base.Study.figures`); :func:`plot_lengths` is the length figure of a study that draws none.
 With several seeds each line is the mean over seeds at each evaluation step with its 95% t interval as a shaded band
 (:class:`PlotContext` maps a run to its twins in the other seeds).
 """

@@ -86,7 +86,7 @@ SAVINGS_KEYS: list[str] = [
     "eval_se",
 ]
 
-#: Columns of savings.csv: one row per consolidation study and seed (:meth:`opdgrpo.studies.base.Study.savings_row`),
+#: Columns of savings.csv: one row per consolidation study and seed (:meth:`opdgrpo.plan.studies.base.Study.savings_row`),
 #: the deciding direction's reading and the other's target and savings; plus a ``seed = all`` row with the range
 #: over seeds when a study has several.
 SAVINGS_COLUMNS: list[str] = [

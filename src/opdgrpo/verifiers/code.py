@@ -14,14 +14,14 @@ here on top of the project's sandbox:
   front of every solution (``from typing import *``, ``collections``, ``heapq``, ``math``, ...;
   :data:`PRELUDE`), so starter code using ``List[int]`` works unchanged.
 * **stdin tests.** The program runs as ``__main__`` with the test input on standard input
-  (:mod:`opdgrpo.stdio_execution`, one sandbox per program, a fresh forked process per test).
+  (:mod:`opdgrpo.sandbox.stdio`, one sandbox per program, a fresh forked process per test).
   Its output matches (:func:`outputs_match`) when, after stripping the whole text and then each line,
   both have the same number of lines and every line is equal, or both lines are whitespace-separated
   numbers that are equal as decimals (``1.0`` == ``1``, ``Infinity`` == ``inf``, a NaN equals nothing; no
   tolerance beyond that, as in LiveCodeBench's ``Decimal`` comparison).
 * **functional tests.** The input is one JSON value per line, one per argument; the program's
   ``Solution().<func_name>(*args)`` is called (or a top-level ``<func_name>`` when there is no
-  ``Solution`` class with that method), through :func:`opdgrpo.execution.check_programs`; the returned
+  ``Solution`` class with that method), through :func:`opdgrpo.sandbox.execution.check_programs`; the returned
   value must equal the JSON-decoded expected output (:func:`functional_match`). As in LiveCodeBench, where it
   is compared with ``==``, a dict with a key that is not a string (``{1: 2}``) never equals the JSON object
   ``{"1": 2}``, a NaN equals nothing, ``True == 1`` and ``3.0 == 3``. One deliberate departure: tuples count as
@@ -46,8 +46,9 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Mapping, Sequence
 
-from ..execution import ProgramCheck, check_programs
-from ..stdio_execution import StdioRun, run_stdio_programs
+from opdgrpo.sandbox.execution import ProgramCheck, check_programs
+from opdgrpo.sandbox.stdio import StdioRun, run_stdio_programs
+
 from . import final_answer_text
 
 __all__ = [
@@ -312,7 +313,7 @@ _lcb_value = _value_check_ns["__opdgrpo_lcb_value__"]
 def functional_match(value: Any, expected_output: str) -> bool:
     """Whether a value a program returned passes a functional test whose expected output is ``expected_output``
     (JSON text): the comparison grading makes, in the sandbox (:data:`_VALUE_CHECK`) and then in
-    :func:`opdgrpo.execution.check_programs` (the value's JSON round trip ``==`` the decoded expected output)."""
+    :func:`opdgrpo.sandbox.execution.check_programs` (the value's JSON round trip ``==`` the decoded expected output)."""
     expected = json.loads(expected_output)
     try:
         returned = json.loads(json.dumps(_lcb_value(value)))

@@ -1,5 +1,5 @@
 """The report's half of each study, found through :data:`REPORTS` (one :class:`~.base.StudyReport` per registered
-study, keyed and ordered like :data:`opdgrpo.studies.REGISTRY`).
+study, keyed and ordered like :data:`opdgrpo.plan.studies.REGISTRY`).
 
 Every module of this package that defines ``REPORT`` renders the study it names; a study without one gets the
 default (no figures of its own, no claims evaluated). Modules without ``REPORT`` are shared bases
@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 from typing import Any
 
-from opdgrpo.studies import REGISTRY
+from opdgrpo.plan.studies import REGISTRY
 
 from .base import StudyReport, Verdicts
 

@@ -1,7 +1,7 @@
 """The report's half of a study: how the report reads, draws and judges what a study declared.
 
 A study's declarations (its name, claims, report-spec entry, figure and table stems) and its plan-side hooks live in
-:mod:`opdgrpo.studies`; the hooks that need run directories, curves and the report's statistics live here, one
+:mod:`opdgrpo.plan.studies`; the hooks that need run directories, curves and the report's statistics live here, one
 module per study, as a :class:`StudyReport` named like the study. The report imports both halves; the studies never
 import the report, so the planner loads no plotting and no statistics.
 """
@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from opdgrpo.studies import REGISTRY, Study
+from opdgrpo.plan.studies import REGISTRY, Study
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,7 +34,7 @@ class StudyReport(Generic[Entry]):
     :func:`opdgrpo.report.curves.study_instances`), read back from ``spec.json``.
     """
 
-    #: The study it renders (a key of :data:`opdgrpo.studies.REGISTRY`).
+    #: The study it renders (a key of :data:`opdgrpo.plan.studies.REGISTRY`).
     name: ClassVar[str] = ""
 
     def __init__(self, name: str | None = None):

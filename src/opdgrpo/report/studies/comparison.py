@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from opdgrpo.plan.studies.comparison import ComparisonEntry
 from opdgrpo.report.curves import domain_curve, format_flops, format_pct
 from opdgrpo.report.matching import DEFAULT_SMOOTH_WINDOW, smooth
 from opdgrpo.report.plots import Panel, render
 from opdgrpo.report.savings import best_point
 from opdgrpo.report.uncertainty import FAILS, HOLDS, UNMEASURED
-from opdgrpo.studies.comparison import ComparisonEntry
 
 from .base import StudyReport
 

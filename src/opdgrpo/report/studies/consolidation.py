@@ -1,4 +1,4 @@
-"""The report's half of S4 and S5 (the studies and their rules: :mod:`opdgrpo.studies.consolidation`): the joint
+"""The report's half of S4 and S5 (the studies and their rules: :mod:`opdgrpo.plan.studies.consolidation`): the joint
 run's held-out sizes, the matched-FLOP savings row, one panel per domain plus the mix panel at the pipeline's cost,
 and the verdicts of ``<S>-share`` and ``<S>-savings``. S6 reads each cell of its map with :func:`matched_savings`."""
 
@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from opdgrpo.plan.studies.consolidation import ConsolidationEntry, ConsolidationStudy
 from opdgrpo.report.curves import ReportInputError, format_flops, format_pct, instance_seed, run_curve
 from opdgrpo.report.matching import DEFAULT_SHARE_THRESHOLD, MatchRule, eval_sizes
 from opdgrpo.report.plots import STEP0_CAPTION, Panel, render
 from opdgrpo.report.savings import SAVINGS_KEYS, compute_savings, format_savings, savings_sign
 from opdgrpo.report.uncertainty import FAILS, HOLDS, INCONCLUSIVE, UNMEASURED
-from opdgrpo.studies.consolidation import ConsolidationEntry, ConsolidationStudy
 
 from .base import StudyReport, Verdicts
 

@@ -1,11 +1,11 @@
-"""The report's half of S1: its claims judged on the curves (the study: :mod:`opdgrpo.studies.s1`)."""
+"""The report's half of S1: its claims judged on the curves (the study: :mod:`opdgrpo.plan.studies.s1`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from opdgrpo.studies.comparison import ComparisonEntry
+from opdgrpo.plan.studies.comparison import ComparisonEntry
 
 from .base import Verdicts
 from .comparison import ComparisonReport, loses_per_flop

@@ -1,13 +1,13 @@
-"""The report's half of S1b: its claims judged on the curves (the study: :mod:`opdgrpo.studies.s1b`)."""
+"""The report's half of S1b: its claims judged on the curves (the study: :mod:`opdgrpo.plan.studies.s1b`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from opdgrpo.plan.studies.comparison import ComparisonEntry
 from opdgrpo.report.curves import domain_curve
 from opdgrpo.report.uncertainty import FAILS, HOLDS, UNMEASURED
-from opdgrpo.studies.comparison import ComparisonEntry
 
 from .base import Verdicts
 from .comparison import ComparisonReport, loses_per_flop

@@ -1,4 +1,4 @@
-"""The report's half of S2 (the study: :mod:`opdgrpo.studies.s2`): each subset's solve rates copied from its runs,
+"""The report's half of S2 (the study: :mod:`opdgrpo.plan.studies.s2`): each subset's solve rates copied from its runs,
 one panel per subset, and the claims S2-in and S2-heldout."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from opdgrpo.plan.studies.s2 import S2Entry, Subset
 from opdgrpo.report.curves import ReportInputError, domain_curve, format_pct, run_curve
 from opdgrpo.report.plots import STEP0_CAPTION, Panel, render
 from opdgrpo.report.uncertainty import FAILS, HOLDS
 from opdgrpo.runio import IN_DOMAIN_SET
-from opdgrpo.studies.s2 import S2Entry, Subset
 
 from .base import StudyReport, Verdicts
 

@@ -1,4 +1,4 @@
-"""The report's half of S3 (the study and its rule: :mod:`opdgrpo.studies.s3`): the teacher run's held-out sizes,
+"""The report's half of S3 (the study and its rule: :mod:`opdgrpo.plan.studies.s3`): the teacher run's held-out sizes,
 GRPO against self-teacher OPD with the teacher's final accuracy as a line, and the FLOP ratios S3-n1 and S3-n8."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from opdgrpo.plan.studies.s3 import S3Entry
 from opdgrpo.report.curves import domain_curve, format_flops, format_pct
 from opdgrpo.report.matching import MatchRule, eval_sizes, mix_se, smooth
 from opdgrpo.report.plots import STEP0_CAPTION, Panel, render
 from opdgrpo.report.savings import first_crossing_flops
 from opdgrpo.report.uncertainty import FAILS, HOLDS, UNMEASURED
-from opdgrpo.studies.s3 import S3Entry
 
 from .base import StudyReport, Verdicts
 

@@ -1,4 +1,4 @@
-"""The report's half of S4: :class:`~.consolidation.ConsolidationReport` (the study: :mod:`opdgrpo.studies.s4`)."""
+"""The report's half of S4: :class:`~.consolidation.ConsolidationReport` (the study: :mod:`opdgrpo.plan.studies.s4`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The report's half of S5: :class:`~.consolidation.ConsolidationReport` (the study: :mod:`opdgrpo.studies.s5`)."""
+"""The report's half of S5: :class:`~.consolidation.ConsolidationReport` (the study: :mod:`opdgrpo.plan.studies.s5`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The report's half of S5b (the study and its rule: :mod:`opdgrpo.studies.s5b`): one panel per domain, and how
+"""The report's half of S5b (the study and its rule: :mod:`opdgrpo.plan.studies.s5b`): one panel per domain, and how
 many domains collapsed."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from opdgrpo.plan.studies.s5b import S5bEntry
 from opdgrpo.report.curves import domain_curve, format_pct
 from opdgrpo.report.plots import Panel, render
 from opdgrpo.report.uncertainty import FAILS, HOLDS
-from opdgrpo.studies.s5b import S5bEntry
 
 from .base import StudyReport, Verdicts
 

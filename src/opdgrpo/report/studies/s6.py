@@ -1,4 +1,4 @@
-"""The report's half of S6 (the study and its grid: :mod:`opdgrpo.studies.s6`): every cell read with S4's matching
+"""The report's half of S6 (the study and its grid: :mod:`opdgrpo.plan.studies.s6`): every cell read with S4's matching
 rule and savings and S5b's collapse rule, over seeds, as ``S6_map.md/.csv`` and the ``S6_map`` heat maps."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from opdgrpo.plan.studies.s6 import S6Entry
 from opdgrpo.report.curves import domain_curve
 from opdgrpo.report.matching import eval_sizes
 from opdgrpo.report.savings import finite_figures, format_savings, sign_over_seeds
 from opdgrpo.report.uncertainty import FAILS, HOLDS, interval_verdict, mean_interval
-from opdgrpo.studies.s6 import S6Entry
 
 from .base import StudyReport
 from .consolidation import matched_savings

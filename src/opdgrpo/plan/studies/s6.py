@@ -12,7 +12,7 @@ and what S5b needs (OPD from the external teacher on all of its domains):
 * **thinking_fraction** levels: the student's ``models.<student>.pretrain.thinking_fraction`` (1.0: fluent in the
   teachers' step-by-step style; 0.0: a pure base student), one pretrained student per level and world.
 
-Model variants come from :meth:`opdgrpo.planner.Planner.model_variant` (a variant equal to the profile's model is that
+Model variants come from :meth:`opdgrpo.plan.planner.Planner.model_variant` (a variant equal to the profile's model is that
 model: the base stage is shared by content); runs are named ``s6-i<level>-tf<level>-...`` and never shared with
 S4/S5b's, so enabling S6 changes no other run. The report (:mod:`opdgrpo.report.studies.s6`) reads each cell with
 S4's matching rule and savings (:func:`~opdgrpo.report.studies.consolidation.matched_savings`) and S5b's collapse rule (final held-out accuracy below half
@@ -32,12 +32,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from opdgrpo.planner import into, study_student
-
-from .base import CostSheet, Study, check_smooth_window, matching_keys
+from opdgrpo.plan.planner import into, study_student
+from opdgrpo.plan.studies.base import CostSheet, Study, check_smooth_window, matching_keys
 
 if TYPE_CHECKING:
-    from opdgrpo.planner import Planner
+    from opdgrpo.plan.planner import Planner
 
 _LEVELS = {"type": "array", "minItems": 2, "items": {"type": "number", "minimum": 0, "maximum": 1}}
 _NAMES = {"type": "array", "minItems": 1, "items": {"type": "string"}}

@@ -1,9 +1,9 @@
 """Will each job fit on its GPUs, and how long will it run: ``opdgrpo resources --profile paper``.
 
-Per planned job: the peak memory per device (:mod:`opdgrpo.memory_model`: weights, gradients, optimizer state,
+Per planned job: the peak memory per device (:mod:`opdgrpo.cost.memory_model`: weights, gradients, optimizer state,
 teachers, and the largest of its phases: sampling's KV cache, the training pass's activations and logit chunks,
 evaluation's KV cache) against the profile's ``hardware`` block, and the wall time from the cost model's FLOPs
-(:mod:`opdgrpo.cost`) at the throughput ``hardware`` states. The Snakefile calls :func:`refuse_unfit` before it
+(:mod:`opdgrpo.cost.model`) at the throughput ``hardware`` states. The Snakefile calls :func:`refuse_unfit` before it
 schedules anything, so a job whose estimate does not fit never starts; the message names the knob to change.
 
 Our own model: the paper's jobs are ours to size, and no library predicts this trainer's phases.
@@ -17,11 +17,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from .config import ConfigError
-from .cost import architecture, cost_block, estimate_run, lengths_for, model_of
-from .engine_memory import EngineStart, decode_seconds, engine_start
-from .memory_model import ADAM_STATE_BYTES, GIB, Shape, activation_bytes, kv_cache_bytes, layer_params, logit_chunk_bytes, params, root_params
-from .run_shape import RunShape
+from opdgrpo.config import ConfigError
+from opdgrpo.cost.engine_memory import EngineStart, decode_seconds, engine_start
+from opdgrpo.cost.memory_model import ADAM_STATE_BYTES, GIB, Shape, activation_bytes, kv_cache_bytes, layer_params, logit_chunk_bytes, params, root_params
+from opdgrpo.cost.model import architecture, cost_block, estimate_run, lengths_for, model_of
+from opdgrpo.run_shape import RunShape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -397,7 +397,7 @@ def unfit(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[str]
 
 
 def engine_refusals(hw: Hardware, estimates: Sequence[JobEstimate]) -> list[str]:
-    """What vLLM itself would refuse as its engine starts (:mod:`opdgrpo.engine_memory`), one message per job."""
+    """What vLLM itself would refuse as its engine starts (:mod:`opdgrpo.cost.engine_memory`), one message per job."""
     out = []
     total = hw.memory_gib * GIB
     for e in estimates:
@@ -459,8 +459,8 @@ def _rows_at_once(e: JobEstimate) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .config import compose
-    from .plan import build_plan
+    from opdgrpo.config import compose
+    from opdgrpo.plan.build import build_plan
 
     parser = argparse.ArgumentParser(prog="opdgrpo resources",
                                      description="Per job: estimated peak GPU memory per device and wall time.")

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .memory_model import GIB, Shape, kv_cache_bytes, params
+from opdgrpo.cost.memory_model import GIB, Shape, kv_cache_bytes, params
 
 #: vLLM's KV block (positions per block) on GPUs.
 BLOCK = 16
@@ -42,7 +42,7 @@ SAMPLER_COPIES = 3
 
 def kv_row_bytes(s: Shape, max_model_len: int, dtype_bytes: int = 2) -> float:
     """vLLM's ``max_memory_usage_bytes`` summed over layers: the KV cache of one ``max_model_len`` row
-    (:func:`opdgrpo.memory_model.kv_cache_bytes`) in whole blocks."""
+    (:func:`opdgrpo.cost.memory_model.kv_cache_bytes`) in whole blocks."""
     return kv_cache_bytes(s, 1, BLOCK * math.ceil(max_model_len / BLOCK), dtype_bytes)
 
 

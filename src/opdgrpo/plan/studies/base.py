@@ -1,10 +1,10 @@
 """The study contract: what one study (S1, S2, ...) owns, and the small vocabulary its hooks share.
 
-A study is one module of :mod:`opdgrpo.studies` that defines ``STUDY``, an instance of a :class:`Study` subclass
+A study is one module of :mod:`opdgrpo.plan.studies` that defines ``STUDY``, an instance of a :class:`Study` subclass
 named like its ``studies.<name>`` block in ``conf/``. Everything about that study lives there, in data-flow order:
 
 * **conf**: :attr:`Study.schema`, :attr:`Study.keys` and :meth:`Study.validate`, checked by the planner
-  (:func:`opdgrpo.plan.check_studies`) beyond the generic checks :func:`opdgrpo.config.validate` applies to every
+  (:func:`opdgrpo.plan.build.check_studies`) beyond the generic checks :func:`opdgrpo.config.validate` applies to every
   study block (domains, teachers, student, mix);
 * **plan**: :meth:`Study.plan` asks the planner for the study's runs and returns its *report-spec entry*, a
   ``TypedDict`` (plain JSON: Snakemake writes it into ``spec.json``, the report reads it back; the TypedDict is the
@@ -15,7 +15,7 @@ named like its ``studies.<name>`` block in ``conf/``. Everything about that stud
 
 The report reads, draws and judges a study in its own half, :mod:`opdgrpo.report.studies` (one module per study, a
 :class:`~opdgrpo.report.studies.base.StudyReport`), which imports this one. Imports stay one-way: the studies import
-the planner's vocabulary (:mod:`opdgrpo.planner`) and never the report, so planning loads no plotting.
+the planner's vocabulary (:mod:`opdgrpo.plan.planner`) and never the report, so planning loads no plotting.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypedDict, TypeVar
 
 if TYPE_CHECKING:  # type hints only: the planner and the report import this module, not the other way round
-    from opdgrpo.planner import Planner
+    from opdgrpo.plan.planner import Planner
 
 #: A study's report-spec entry type (a TypedDict, one per study kind: what its plan writes and its report reads).
 Entry = TypeVar("Entry", bound=Mapping[str, Any])
@@ -49,7 +49,7 @@ class SeedEntries(TypedDict):
 
 
 class CostSheet(Protocol):
-    """Where :meth:`Study.cost_rows` writes its figures (:mod:`opdgrpo.cost` provides it)."""
+    """Where :meth:`Study.cost_rows` writes its figures (:mod:`opdgrpo.cost.model` provides it)."""
 
     study_runs: list[str]   # the planned runs that list this study
 

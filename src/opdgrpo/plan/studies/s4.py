@@ -1,10 +1,10 @@
 """S4: two-domain consolidation (conf/study/s4.yaml): GRPO experts on math and code, multi-teacher OPD of the
-experts, against joint GRPO on the instance mix. Claims and savings: :mod:`opdgrpo.studies.consolidation`."""
+experts, against joint GRPO on the instance mix. Claims and savings: :mod:`opdgrpo.plan.studies.consolidation`."""
 
 from __future__ import annotations
 
-from .base import ClaimDef
-from .consolidation import ConsolidationStudy, PaperSavings
+from opdgrpo.plan.studies.base import ClaimDef
+from opdgrpo.plan.studies.consolidation import ConsolidationStudy, PaperSavings
 
 
 class S4(ConsolidationStudy):

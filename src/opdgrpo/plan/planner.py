@@ -1,5 +1,5 @@
 """The planner's vocabulary: a job, the plan (every job and the report spec), and the :class:`Planner` that the
-studies' :meth:`~opdgrpo.studies.base.Study.plan` hooks ask for runs (:mod:`opdgrpo.plan` drives them).
+studies' :meth:`~opdgrpo.plan.studies.base.Study.plan` hooks ask for runs (:mod:`opdgrpo.plan.build` drives them).
 
 Every job gets a *resolved* config holding only what it uses (its method, its domains, the paths of
 its upstream checkpoints), so Snakemake's params trigger reruns exactly the jobs a config edit touches.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .config import ConfigError
+from opdgrpo.config import ConfigError
 
 
 def study_student(block: Mapping[str, Any]) -> str:
@@ -87,7 +87,7 @@ class Plan:
 
 class Planner:
     """Builds the jobs: the generic stages (tokenizer, base models, training runs, S2-style selection jobs) that the
-    studies' :meth:`~opdgrpo.studies.base.Study.plan` hooks ask for. A run asked for twice is planned once."""
+    studies' :meth:`~opdgrpo.plan.studies.base.Study.plan` hooks ask for. A run asked for twice is planned once."""
 
     def __init__(self, cfg: dict[str, Any]):
         self.cfg = {**cfg, "models": dict(cfg["models"])}   # model variants are added to this copy, not to ``cfg``

@@ -1,6 +1,6 @@
 """S2: the difficulty study (conf/study/s2.yaml).
 
-One selection job (:meth:`opdgrpo.planner.Planner.difficulty`, shared by every seed) cuts the domain's training
+One selection job (:meth:`opdgrpo.plan.planner.Planner.difficulty`, shared by every seed) cuts the domain's training
 prompts into ``student_bins x teacher_bins`` subsets by the base student's and an external teacher's solve rates;
 GRPO and OPD from the teacher then train on each subset alone. Each subset run also scores its own training prompts
 (eval set ``in_domain``); the report copies each subset's solve rates from its GRPO run's ``done.json``
@@ -22,12 +22,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from opdgrpo.planner import into, study_student
-
-from .base import ClaimDef, CostSheet, Study
+from opdgrpo.plan.planner import into, study_student
+from opdgrpo.plan.studies.base import ClaimDef, CostSheet, Study
 
 if TYPE_CHECKING:
-    from opdgrpo.planner import Planner
+    from opdgrpo.plan.planner import Planner
 
 
 class Subset(TypedDict):

@@ -21,12 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NotRequired, TypedDict
 
-from opdgrpo.planner import into, study_student
-
-from .base import CostSheet, Study, check_smooth_window, matching_keys
+from opdgrpo.plan.planner import into, study_student
+from opdgrpo.plan.studies.base import CostSheet, Study, check_smooth_window, matching_keys
 
 if TYPE_CHECKING:
-    from opdgrpo.planner import Planner
+    from opdgrpo.plan.planner import Planner
 
 
 class ConsolidationEntry(TypedDict):

@@ -1,5 +1,5 @@
-"""``opdgrpo flops``: the cost model's command line (estimate, calibrate, solve). Apart from :mod:`opdgrpo.cost`, so the
-model and its solver (:mod:`opdgrpo.cost_solve`, which builds on it) import one way, and only the command line composes
+"""``opdgrpo flops``: the cost model's command line (estimate, calibrate, solve). Apart from :mod:`opdgrpo.cost.model`, so the
+model and its solver (:mod:`opdgrpo.cost.solve`, which builds on it) import one way, and only the command line composes
 configs and plans."""
 
 from __future__ import annotations
@@ -9,13 +9,25 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .config import ConfigError
-from .cost import UNITS, _num, assumptions, calibrate, estimate_plan, read_measured, runs_table, studies_table, study_totals, write_csv, write_studies_csv
+from opdgrpo.config import ConfigError
+from opdgrpo.cost.model import (
+    UNITS,
+    _num,
+    assumptions,
+    calibrate,
+    estimate_plan,
+    read_measured,
+    runs_table,
+    studies_table,
+    study_totals,
+    write_csv,
+    write_studies_csv,
+)
 
 
 def cmd_estimate(args) -> int:
-    from .config import compose
-    from .plan import build_plan
+    from opdgrpo.config import compose
+    from opdgrpo.plan.build import build_plan
 
     overrides = ([f"profile={args.profile}"] if args.profile else []) + list(args.overrides)
     cfg = compose(overrides, args.conf_dir)
@@ -49,8 +61,8 @@ def cmd_estimate(args) -> int:
 def cmd_calibrate(args) -> int:
     import yaml
 
-    from .config import compose
-    from .plan import build_plan
+    from opdgrpo.config import compose
+    from opdgrpo.plan.build import build_plan
 
     overrides = ([f"profile={args.profile}"] if args.profile else []) + list(args.overrides)
     cfg = compose(overrides, args.conf_dir)
@@ -66,11 +78,11 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_solve(args) -> int:
-    from .cost_solve import paper_analysis, solve_steps, steps_table
+    from opdgrpo.cost.solve import paper_analysis, solve_steps, steps_table
 
     if args.profile:
-        from .config import compose
-        from .plan import build_plan
+        from opdgrpo.config import compose
+        from opdgrpo.plan.build import build_plan
 
         cfg = compose([f"profile={args.profile}", *args.overrides], args.conf_dir)
         print(f"# Steps that buy the paper's budgets: profile `{cfg['profile']}`\n\n{assumptions(cfg)}\n")

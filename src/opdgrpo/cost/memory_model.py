@@ -1,8 +1,8 @@
 """Bytes a Qwen3-style model holds on a device: weights, gradients, optimizer state, activations, KV cache, logits.
 
-Our own model (no library predicts the memory of this trainer's phases): what :mod:`opdgrpo.resources` adds up per
+Our own model (no library predicts the memory of this trainer's phases): what :mod:`opdgrpo.cost.resources` adds up per
 job. Each figure counts the tensors the code keeps, not a rule of thumb, and ``tests/unit/test_memory_model.py``
-holds the activation and KV figures against peaks measured on CPU (:func:`opdgrpo.memprobe.peak_bytes`).
+holds the activation and KV figures against peaks measured on CPU (:func:`opdgrpo.cost.memprobe.peak_bytes`).
 
 Activations: what one decoder layer saves for its backward, per token, counted from Hugging Face's Qwen3 layer under
 autocast. ``residual`` is the bytes of the residual stream (4 with float32 weights under autocast, 2 with bfloat16
@@ -33,7 +33,7 @@ ADAM_STATE_BYTES = 8
 
 @dataclass(frozen=True)
 class Shape:
-    """The sizes the memory model reads from a model block (:func:`opdgrpo.cost.architecture`)."""
+    """The sizes the memory model reads from a model block (:func:`opdgrpo.cost.model.architecture`)."""
 
     hidden: int
     intermediate: int

@@ -1,12 +1,12 @@
 """The studies of the paper, one module each, found through :data:`REGISTRY`.
 
-Every module of this package that defines ``STUDY`` (an instance of :class:`~opdgrpo.studies.base.Study`) is a
-study; modules without one are shared bases (:mod:`~opdgrpo.studies.comparison` for S1/S1b,
-:mod:`~opdgrpo.studies.consolidation` for S4/S5). The planner (which checks each study's block), the cost model
+Every module of this package that defines ``STUDY`` (an instance of :class:`~opdgrpo.plan.studies.base.Study`) is a
+study; modules without one are shared bases (:mod:`~opdgrpo.plan.studies.comparison` for S1/S1b,
+:mod:`~opdgrpo.plan.studies.consolidation` for S4/S5). The planner (which checks each study's block), the cost model
 and the report all ask this registry; none of them names a study. The report's half of each study (figures, claim
 verdicts, savings) is :mod:`opdgrpo.report.studies`, which imports this package and never the other way round.
 
-Adding a study: one module here (``STUDY = MyStudy()``, see :mod:`~opdgrpo.studies.base` for the hooks), its report
+Adding a study: one module here (``STUDY = MyStudy()``, see :mod:`~opdgrpo.plan.studies.base` for the hooks), its report
 half in ``opdgrpo/report/studies/<name>.py`` (``REPORT = MyStudyReport()``) where it draws or judges anything, and
 one ``conf/study/<name>.yaml``, listed in a profile's defaults as ``/study@studies.<NAME>: <name>``.
 """
@@ -17,7 +17,7 @@ import importlib
 import pkgutil
 from typing import Any
 
-from .base import ClaimDef, CostSheet, SeedEntries, Study
+from opdgrpo.plan.studies.base import ClaimDef, CostSheet, SeedEntries, Study
 
 __all__ = ["REGISTRY", "ClaimDef", "CostSheet", "SeedEntries", "Study"]
 
@@ -32,10 +32,10 @@ def _discover() -> dict[str, Study[Any]]:
         if study is None:
             continue
         if not study.name or study.name in found:
-            raise RuntimeError(f"opdgrpo.studies.{info.name}: study name {study.name!r} is empty or registered twice")
+            raise RuntimeError(f"opdgrpo.plan.studies.{info.name}: study name {study.name!r} is empty or registered twice")
         strays = [c.id for c in study.claims if c.study != study.name]
         if strays:
-            raise RuntimeError(f"opdgrpo.studies.{info.name}: claims {strays} do not belong to study {study.name}")
+            raise RuntimeError(f"opdgrpo.plan.studies.{info.name}: claims {strays} do not belong to study {study.name}")
         found[study.name] = study
     return dict(sorted(found.items()))
 

@@ -1,22 +1,22 @@
 """Turn the composed config into the list of jobs and the report spec: each ``studies.<name>`` block is checked
-and planned by the registered study of that name (:mod:`opdgrpo.studies`) through a :class:`~opdgrpo.planner.Planner`.
+and planned by the registered study of that name (:mod:`opdgrpo.plan.studies`) through a :class:`~opdgrpo.plan.planner.Planner`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import schema
-from .config import ConfigError
-from .planner import Plan, Planner
-from .studies import REGISTRY
-from .studies.base import SeedEntries
+from opdgrpo import schema
+from opdgrpo.config import ConfigError
+from opdgrpo.plan.planner import Plan, Planner
+from opdgrpo.plan.studies import REGISTRY
+from opdgrpo.plan.studies.base import SeedEntries
 
 
 def build_plan(cfg: dict[str, Any]) -> Plan:
     """All jobs for the composed config, with the report spec that ties runs to studies.
 
-    Each ``studies.<name>`` block is planned by the registered study of that name (:mod:`opdgrpo.studies`), once
+    Each ``studies.<name>`` block is planned by the registered study of that name (:mod:`opdgrpo.plan.studies`), once
     per seed; its report-spec entry is the study's own, or ``{"title", "seeds": [entry, ...]}`` for several seeds.
     """
     check_studies(cfg)

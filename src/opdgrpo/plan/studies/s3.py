@@ -23,12 +23,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from opdgrpo.planner import into, study_student
-
-from .base import ClaimDef, CostSheet, Study, check_smooth_window, matching_keys
+from opdgrpo.plan.planner import into, study_student
+from opdgrpo.plan.studies.base import ClaimDef, CostSheet, Study, check_smooth_window, matching_keys
 
 if TYPE_CHECKING:
-    from opdgrpo.planner import Planner
+    from opdgrpo.plan.planner import Planner
 
 
 class S3Entry(TypedDict):

@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from opdgrpo.planner import into, study_student
-
-from .base import ClaimDef, CostSheet, Study
+from opdgrpo.plan.planner import into, study_student
+from opdgrpo.plan.studies.base import ClaimDef, CostSheet, Study
 
 if TYPE_CHECKING:
-    from opdgrpo.planner import Planner
+    from opdgrpo.plan.planner import Planner
 
 
 class S5bEntry(TypedDict):

@@ -1,4 +1,4 @@
-"""The code domain's harness (opdgrpo.execution): forks a fresh process per item (program + tests), runs the module
+"""The code domain's harness (opdgrpo.sandbox.execution): forks a fresh process per item (program + tests), runs the module
 and each test call under a ``setitimer`` alarm, and prints one JSON line per item as it finishes. The host appends
 ``main(<payload>)``. The child's protocol, one JSON line each: ["c"] compiled and found the function, ["s"] syntax
 error, ["x", exc] module code raised, ["t"] module code timed out, ["n"] no such function; then per test ["v", value],

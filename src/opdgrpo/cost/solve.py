@@ -1,7 +1,7 @@
 """Inverting the cost model: which run sizes reproduce the paper's EFLOP figures with the Qwen3 architectures.
 
 The paper gives totals (PAPER.md) but not the steps, batch sizes or lengths behind them; with the ledger's formulas
-(:func:`opdgrpo.cost.step_flops`) and assumed prompt/response lengths this module solves for the tokens, sequences
+(:func:`opdgrpo.cost.model.step_flops`) and assumed prompt/response lengths this module solves for the tokens, sequences
 and steps that each figure buys, and for the response length that fits a figure into a given number of sequences.
 FLOPs are linear in sequences at fixed lengths, so the first is a division; the second is a bisection (FLOPs grow
 monotonically with the length).
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from .cost import Lengths, step_flops
+from opdgrpo.cost.model import Lengths, step_flops
 
 #: Qwen3 architectures (config.json of the Hugging Face checkpoints; Base and thinking models share them).
 #: The paper profile reads the same numbers from conf/model/qwen3_*.yaml; these serve the analysis only.
@@ -170,8 +170,8 @@ PAPER_BUDGETS = [
 
 def solve_steps(cfg: Any, plan: Any) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """Steps per knob (the most any of its figures needs) and one row per figure, from the cost model's FLOPs per
-    step of the run the figure belongs to (:func:`opdgrpo.cost.estimate_run`)."""
-    from .cost import estimate_run
+    step of the run the figure belongs to (:func:`opdgrpo.cost.model.estimate_run`)."""
+    from opdgrpo.cost.model import estimate_run
 
     steps: dict[str, int] = {}
     rows = []

@@ -74,7 +74,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .sandbox_programs import program
+from opdgrpo.sandbox.programs import program
 
 __all__ = ["SandboxResult", "run_python", "isolation", "mechanism", "MECHANISMS"]
 
@@ -85,7 +85,7 @@ _LAUNCHER_FAILED = 125  # exit code of the launcher itself failing (the ``env``/
 _CHUNK = 65536
 _POLL_S = 0.05
 
-# The programs the sandbox starts in child interpreters (opdgrpo/sandbox_programs: the unshare launcher, bwrap's PID 1,
+# The programs the sandbox starts in child interpreters (opdgrpo/sandbox/programs: the unshare launcher, bwrap's PID 1,
 # the cgroup joiner, the shared-library probe), read once.
 _LAUNCHER = program("launcher")
 _JOIN_CGROUP = program("join_cgroup")

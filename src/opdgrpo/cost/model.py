@@ -25,10 +25,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
 
-from . import flops as flop_formulas
-from .config import ConfigError
-from .run_shape import RunShape
-from .studies import REGISTRY
+from opdgrpo import flops as flop_formulas
+from opdgrpo.config import ConfigError
+from opdgrpo.plan.studies import REGISTRY
+from opdgrpo.run_shape import RunShape
 
 UNITS = {"FLOP": 1.0, "GFLOP": 1e9, "TFLOP": 1e12, "PFLOP": 1e15, "EFLOP": 1e18}
 COMPONENTS = ("rollout", "train", "old_policy", "reference", "teacher")
@@ -253,7 +253,7 @@ class RunEstimate:
 
 def _pool_sizes(domains: Mapping[str, Any], names: Sequence[str], cache: dict[str, int]) -> dict[str, int]:
     """Training-pool sizes (only the ``instance`` mix needs them); built once per domain config."""
-    from .domains import KINDS, build_domain
+    from opdgrpo.domains import KINDS, build_domain
 
     sizes = {}
     for d in names:
@@ -274,7 +274,7 @@ def _pool_sizes(domains: Mapping[str, Any], names: Sequence[str], cache: dict[st
 def rows_per_domain(run_cfg: Mapping[str, Any], pool_cache: dict[str, int] | None = None) -> dict[str, int]:
     """Sequences per step by domain: the trainer's own prompt split (:func:`opdgrpo.batching.domain_counts`) times the
     samples per prompt (GRPO's group size, OPD's rollouts per prompt)."""
-    from .batching import domain_counts
+    from opdgrpo.batching import domain_counts
 
     shape = RunShape.of(run_cfg)
     names = list(run_cfg["train_domains"])
@@ -319,7 +319,7 @@ def _display(ref: str, jobs: Mapping[str, Any]) -> str:
 
 def estimate_plan(cfg: Mapping[str, Any], plan: Any | None = None) -> list[RunEstimate]:
     """Every planned training run's predicted FLOPs, in plan order."""
-    from .plan import build_plan
+    from opdgrpo.plan.build import build_plan
 
     plan = build_plan(dict(cfg)) if plan is None else plan
     cfg = plan.config_for(dict(cfg)) if hasattr(plan, "config_for") else cfg   # with the plan's model variants (S6)
@@ -353,7 +353,7 @@ def measured_lengths(records: Sequence[Mapping[str, Any]], sequences_per_step: i
 
 def read_measured(out_dir: str | Path) -> dict[str, Any]:
     """What a run directory's ledger says so far: steps done and cumulative FLOPs by component ({} if no ledger)."""
-    from .runio import read_jsonl
+    from opdgrpo.runio import read_jsonl
 
     path = Path(out_dir) / "ledger.jsonl"
     if not path.is_file():
@@ -414,7 +414,7 @@ def _seed_entries(spec: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]
 
 
 class _Sheet:
-    """The :class:`~opdgrpo.studies.base.CostSheet` one study entry writes its rows to (one seed's entry)."""
+    """The :class:`~opdgrpo.plan.studies.base.CostSheet` one study entry writes its rows to (one seed's entry)."""
 
     def __init__(self, study: str, tag: str, costs: Mapping[str, float], study_runs: list[str], rows: list[StudyRow]):
         self.study, self.tag, self.costs, self.study_runs, self.rows = study, tag, costs, study_runs, rows
@@ -431,7 +431,7 @@ def study_totals(report_spec: Mapping[str, Any], estimates: Sequence[RunEstimate
                  costs: Mapping[str, float] | None = None) -> list[StudyRow]:
     """The studies' FLOP figures, as the paper quotes them (see PAPER.md), from the plan's report spec.
 
-    Each study's rows come from its module (:meth:`opdgrpo.studies.base.Study.cost_rows`: e.g. S4's experts,
+    Each study's rows come from its module (:meth:`opdgrpo.plan.studies.base.Study.cost_rows`: e.g. S4's experts,
     distillation, share, joint GRPO, pipeline and savings of the full runs); a study no module registers gets the
     total of its runs. ``costs`` (run -> FLOPs) replaces the predictions, e.g. with the ledgers' totals; a figure
     with a run missing from it is NaN.

@@ -1,10 +1,10 @@
 """S5: S4 on four domains (conf/study/s5.yaml): one GRPO expert per domain, multi-teacher OPD of the four experts,
-against joint GRPO on the four-domain mix. Claims and savings: :mod:`opdgrpo.studies.consolidation`."""
+against joint GRPO on the four-domain mix. Claims and savings: :mod:`opdgrpo.plan.studies.consolidation`."""
 
 from __future__ import annotations
 
-from .base import ClaimDef
-from .consolidation import ConsolidationStudy, PaperSavings
+from opdgrpo.plan.studies.base import ClaimDef
+from opdgrpo.plan.studies.consolidation import ConsolidationStudy, PaperSavings
 
 
 class S5(ConsolidationStudy):

@@ -4,7 +4,7 @@ This is the reward of the code domain: a training step scores hundreds of comple
 sandboxed interpreter per completion (~20 ms each) would dominate the step. So :func:`check_programs`
 
 1. deduplicates identical checks (a GRPO group often repeats a completion);
-2. runs ONE harness program per batch through :func:`opdgrpo.sandbox.run_python`, with the items
+2. runs ONE harness program per batch through :func:`opdgrpo.sandbox.isolation.run_python`, with the items
    embedded as a JSON literal. The harness forks a fresh process per item (so items cannot see or
    corrupt each other's globals), in its own process group and with stdio on ``/dev/null``. Each test
    call (and the module's own top-level code) runs under a ``setitimer`` alarm; the harness also
@@ -46,8 +46,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .sandbox import SandboxResult, run_python
-from .sandbox_programs import program
+from opdgrpo.sandbox.isolation import SandboxResult, run_python
+from opdgrpo.sandbox.programs import program
 
 __all__ = ["ProgramCheck", "CheckOutcome", "check_programs"]
 
@@ -271,5 +271,5 @@ def _failed(item: _Item, result: SandboxResult) -> CheckOutcome:
     return CheckOutcome(0, len(item.expected), status)
 
 
-# The harness (opdgrpo/sandbox_programs/function_harness.py): its protocol is in its docstring.
+# The harness (opdgrpo/sandbox/programs/function_harness.py): its protocol is in its docstring.
 _HARNESS = program("function_harness")

@@ -2,7 +2,7 @@
 
 Competitive-programming problems (LiveCodeBench's ``stdin`` problems, DeepCoder, TACO) give a program a
 test's input on standard input and compare what it prints. :func:`run_stdio_programs` runs ONE sandboxed
-interpreter (:func:`opdgrpo.sandbox.run_python`) per program, so a program that kills or floods its own
+interpreter (:func:`opdgrpo.sandbox.isolation.run_python`) per program, so a program that kills or floods its own
 run costs nobody else anything. Inside it a small harness (the program run in the sandbox):
 
 1. reads its payload (the program, the test inputs, the per-test output caps) from its standard input;
@@ -36,8 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .sandbox import run_python
-from .sandbox_programs import program
+from opdgrpo.sandbox.isolation import run_python
+from opdgrpo.sandbox.programs import program
 
 __all__ = ["StdioRun", "StdioOutcome", "run_stdio_programs"]
 
@@ -160,5 +160,5 @@ def _parse(stdout: str, n: int, run_status: str) -> StdioOutcome:
     return StdioOutcome(status, tuple(outputs))
 
 
-# The harness (opdgrpo/sandbox_programs/stdio_harness.py): its protocol is in its docstring.
+# The harness (opdgrpo/sandbox/programs/stdio_harness.py): its protocol is in its docstring.
 _HARNESS = program("stdio_harness")

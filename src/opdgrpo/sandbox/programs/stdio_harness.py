@@ -1,4 +1,4 @@
-"""The hub code domain's harness (opdgrpo.stdio_execution): reads {"source", "prelude", "inputs", "caps", "timeout"}
+"""The hub code domain's harness (opdgrpo.sandbox.stdio): reads {"source", "prelude", "inputs", "caps", "timeout"}
 from stdin; runs the program once per test in a forked child with the test's input as its stdin; prints per test
 {"i": index, "s": "ok", "o": stdout} or {"i": index, "s": "timeout"|"runtime"|"memory"|"output"} (and stops), or a
 single {"compile": "syntax"} when the program does not compile. From harness_common.py: ``own_pid_namespace``,

@@ -11,13 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from opdgrpo.planner import into, study_student
-
-from .base import ClaimDef
-from .comparison import Comparison, ComparisonEntry, ComparisonStudy, window_key
+from opdgrpo.plan.planner import into, study_student
+from opdgrpo.plan.studies.base import ClaimDef
+from opdgrpo.plan.studies.comparison import Comparison, ComparisonEntry, ComparisonStudy, window_key
 
 if TYPE_CHECKING:
-    from opdgrpo.planner import Planner
+    from opdgrpo.plan.planner import Planner
 
 
 class S1(ComparisonStudy):

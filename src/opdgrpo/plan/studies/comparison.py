@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NotRequired, TypedDict
 
-from .base import CostSheet, Study, check_smooth_window
+from opdgrpo.plan.studies.base import CostSheet, Study, check_smooth_window
 
 
 class Comparison(TypedDict):

@@ -3,7 +3,7 @@
 The teacher's own GRPO run is planned under the study label ``S1b-teacher`` and not counted in the
 distillation's FLOPs, as in the paper.
 
-* **S1b-acc**: the S1 test (:func:`~opdgrpo.studies.comparison.loses_per_flop`) with the GRPO-trained teacher.
+* **S1b-acc**: the S1 test (:func:`~opdgrpo.plan.studies.comparison.loses_per_flop`) with the GRPO-trained teacher.
 * **S1b-len**: OPD's mean response length at its final evaluation point > GRPO's at its final point (domain mean
   over held-out sets). The paper says "often", so it holds iff true for more than half of the domain x teacher pairs.
 """
@@ -13,13 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from opdgrpo.planner import into, study_student
-
-from .base import ClaimDef
-from .comparison import Comparison, ComparisonEntry, ComparisonStudy, window_key
+from opdgrpo.plan.planner import into, study_student
+from opdgrpo.plan.studies.base import ClaimDef
+from opdgrpo.plan.studies.comparison import Comparison, ComparisonEntry, ComparisonStudy, window_key
 
 if TYPE_CHECKING:
-    from opdgrpo.planner import Planner
+    from opdgrpo.plan.planner import Planner
 
 
 class S1b(ComparisonStudy):
