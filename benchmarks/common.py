@@ -169,8 +169,8 @@ def load_world(world: str | None, roles: Sequence[str], scratch: Path) -> World:
 
 def build_random_world(roles: Sequence[str], scratch: Path) -> World:
     """The tiny profile's tokenizer and models with random weights, saved like the DAG's checkpoints."""
-    from opdgrpo.models import build_model
-    from opdgrpo.tokenizer import build_tokenizer, save_tokenizer
+    from opdgrpo.train.models import build_model
+    from opdgrpo.train.tokenizer import build_tokenizer, save_tokenizer
 
     cfg = tiny_config(scratch / "results")
     tok_dir = scratch / "tokenizer"
@@ -242,14 +242,14 @@ def quiet() -> None:
 
 
 def ours_block(cfg: dict[str, Any], steps: int, scratch: Path) -> list[dict[str, float]]:
-    """One call of our trainer (``opdgrpo.train.train``, what the DAG runs) for ``steps`` steps from the base
+    """One call of our trainer (``opdgrpo.train.loop.train``, what the DAG runs) for ``steps`` steps from the base
     student; one record per step from its ledger: ``wall_s`` (sampling to optimiser step, evaluation excluded),
     completion tokens (EOS included), mean response length and the step's FLOPs."""
     import copy
     import json
     import shutil
 
-    from opdgrpo.train import train
+    from opdgrpo.train.loop import train
 
     cfg = copy.deepcopy(cfg)
     cfg["method"]["steps"] = steps

@@ -1,7 +1,7 @@
 """Sampling engines: ``train.engine: vllm`` (a vLLM engine in this process) against ``hf`` (the project's sampler).
 
 Same model, same prompts (a GRPO-shaped batch: ``--prompts`` x ``--group`` copies), the same settings through the
-same call (:meth:`opdgrpo.engines.Engine.sample`): temperature 1, full distribution, ``--max-new-tokens``, EOS.
+same call (:meth:`opdgrpo.train.engines.Engine.sample`): temperature 1, full distribution, ``--max-new-tokens``, EOS.
 Generated tokens are counted alike (the completion mask: up to and including each row's stop token). The two run
 interleaved, alternating which goes first; the first round is a warm-up. Also timed once: starting the engine and
 one in-memory weight sync (what a training step adds).
@@ -56,8 +56,8 @@ def parse_args() -> argparse.Namespace:
 def tiny_inputs(args, scratch: Path):
     """(checkpoint dir, tokenizer, prompt ids, eos, pad, source) of the tiny student and math prompts."""
     from opdgrpo.domains import build_domain
-    from opdgrpo.rollout import encode_prompts
-    from opdgrpo.tokenizer import load_tokenizer
+    from opdgrpo.train.rollout import encode_prompts
+    from opdgrpo.train.tokenizer import load_tokenizer
 
     world = common.load_world(args.world, ["student"], scratch)
     tokenizer = load_tokenizer(world.tokenizer)
@@ -71,7 +71,7 @@ def hub_shaped_inputs(args, scratch: Path):
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from opdgrpo.tokenizer import load_tokenizer
+    from opdgrpo.train.tokenizer import load_tokenizer
 
     world = common.build_random_world(["student"], scratch)
     tokenizer = load_tokenizer(world.tokenizer)
@@ -94,8 +94,8 @@ def main() -> None:
     args = parse_args()
     import torch
 
-    from opdgrpo.engines import HFEngine, build_engine
-    from opdgrpo.models import load_model
+    from opdgrpo.train.engines import HFEngine, build_engine
+    from opdgrpo.train.models import load_model
 
     common.quiet()
     common.set_threads(args.threads)
@@ -128,7 +128,7 @@ def main() -> None:
 
     kept = common.interleave(args.rounds, 1, {name: contender(name) for name in engines})
     rows, summary = [], {"engine_start_s": startup, "weight_sync_s": sync}
-    for name, label in (("hf", "hf (opdgrpo.sampling.sample)"), ("vllm", "vllm (in process)")):
+    for name, label in (("hf", "hf (opdgrpo.train.sampling.sample)"), ("vllm", "vllm (in process)")):
         secs = [r["seconds"] for r in kept[name]]
         tps = [r["tokens"] / r["seconds"] for r in kept[name]]
         summary[name] = {"tokens_per_s": common.median(tps), "s_per_batch": common.median(secs),

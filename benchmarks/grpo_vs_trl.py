@@ -1,4 +1,4 @@
-"""A GRPO step of ours (``opdgrpo.train.train``, the trainer the DAG runs) against TRL's ``GRPOTrainer``.
+"""A GRPO step of ours (``opdgrpo.train.loop.train``, the trainer the DAG runs) against TRL's ``GRPOTrainer``.
 
 Both train the same tiny student on the same prompts (the tiny profile's math pool, in the order our trainer
 draws them), group size 8, the same completion cap, temperature 1 with the full distribution, the same loss
@@ -35,7 +35,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                    help="bf16 autocast for both (TRL: bf16=True, which on CPU autocasts its generation and training "
                         "forwards too), fp32 for both, or auto (the tiny profile's train.precision): what "
-                        "opdgrpo.precision picks on this CPU, for both")
+                        "opdgrpo.train.precision picks on this CPU, for both")
     p.add_argument("--threads", type=int, default=1, help="torch threads for both (tiny profile: 1 per job)")
     p.add_argument("--rounds", type=int, default=5, help="blocks per trainer")
     p.add_argument("--steps", type=int, default=4, help="steps per block; the first of each is a warm-up")
@@ -55,7 +55,7 @@ def main() -> None:
         raise SystemExit(f"this benchmark needs trl ({err}): pip install -e '.[bench]'") from None
     common.quiet()
     common.set_threads(args.threads)
-    from opdgrpo.precision import resolve
+    from opdgrpo.train.precision import resolve
 
     args.precision = resolve(args.precision)   # both trainers run what our trainer would run here
 
@@ -72,10 +72,10 @@ def main() -> None:
     method = cfg["method"]
 
     # The prompts our trainer draws in a block's steps, in order: TRL walks the same list without shuffling.
-    from opdgrpo.batching import batch_tasks, domain_counts
     from opdgrpo.domains import build_domain
-    from opdgrpo.models import load_model
-    from opdgrpo.tokenizer import load_tokenizer
+    from opdgrpo.train.batching import batch_tasks, domain_counts
+    from opdgrpo.train.models import load_model
+    from opdgrpo.train.tokenizer import load_tokenizer
 
     domain = build_domain(cfg["domains"]["math"])
     pools = {"math": domain.training_pool()}
@@ -126,7 +126,7 @@ def main() -> None:
     shutil.rmtree(scratch, ignore_errors=True)
 
     batch = args.prompts * args.group
-    text, summary = common.compare(results, {"ours": "ours (opdgrpo.train)", "trl": f"TRL {trl.__version__} GRPOTrainer"}, batch)
+    text, summary = common.compare(results, {"ours": "ours (opdgrpo.train.loop)", "trl": f"TRL {trl.__version__} GRPOTrainer"}, batch)
     line, ratios = common.ratio_line(summary, results, args.steps - 1)
     print(f"### GRPO step: ours vs TRL ({common.machine_line(args.threads)})\n")
     print(f"student: {world.source}; {args.prompts} prompts x {args.group} completions = {batch} sequences per step, "

@@ -22,7 +22,7 @@ import yaml
 
 from opdgrpo.domains import build_domain
 from opdgrpo.domains.base import SHARED_WRAPS, is_shared
-from opdgrpo.rollout import sample_and_score
+from opdgrpo.train.rollout import sample_and_score
 
 
 def _checkpoints(root: Path, runs: list[str]) -> dict[str, Path]:

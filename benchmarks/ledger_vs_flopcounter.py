@@ -1,4 +1,4 @@
-"""The analytic FLOP ledger (``opdgrpo.flops``) against ``torch.utils.flop_counter.FlopCounterMode``.
+"""The analytic FLOP ledger (``opdgrpo.train.flops``) against ``torch.utils.flop_counter.FlopCounterMode``.
 
 Over a grid of dense decoder configs (Qwen3 with GQA, MQA and full multi-head attention, tied and untied LM heads,
 ``head_dim`` unequal to ``hidden / heads``; one Llama config) built with random weights and eager attention:
@@ -77,8 +77,8 @@ def main() -> None:
     args = parse_args()
     import torch
 
-    from opdgrpo import flops as F
-    from opdgrpo.sampling import sample
+    from opdgrpo.train import flops as F
+    from opdgrpo.train.sampling import sample
 
     common.set_threads(args.threads)
     common.quiet()

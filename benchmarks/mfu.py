@@ -4,10 +4,10 @@
   thread count as the workloads;
 * training pass: forward + backward + AdamW step of the tiny student and the largest tiny teacher on a
   GRPO-shaped batch (``--batch`` rows of ``--length`` tokens, logits for every position); FLOPs from
-  ``opdgrpo.flops.train_flops``;
+  ``opdgrpo.train.flops.train_flops``;
 * rollout: our sampler on ``--batch`` x 2 sequences (a GRPO step's 32 x 8 = 256 rows doubled, 512), FLOPs as the
   sampler reports them (the ledger's prefill + decode count);
-* a whole GRPO and OPD step of our trainer (``opdgrpo.train.train`` on the tiny profile's settings): the ledger's
+* a whole GRPO and OPD step of our trainer (``opdgrpo.train.loop.train`` on the tiny profile's settings): the ledger's
   step FLOPs over its ``wall_s``, which is what the run reports as its MFU.
 
 MFU = achieved / peak of the precision the workload computes in (bf16 autocast: the bf16 peak).
@@ -57,12 +57,12 @@ def main() -> None:
     args = parse_args()
     import torch
 
-    from opdgrpo import flops as F
     from opdgrpo.domains import build_domain
-    from opdgrpo.models import autocast, load_model
-    from opdgrpo.rollout import encode_prompts
-    from opdgrpo.sampling import sample
-    from opdgrpo.tokenizer import load_tokenizer
+    from opdgrpo.train import flops as F
+    from opdgrpo.train.models import autocast, load_model
+    from opdgrpo.train.rollout import encode_prompts
+    from opdgrpo.train.sampling import sample
+    from opdgrpo.train.tokenizer import load_tokenizer
 
     common.quiet()
     common.set_threads(args.threads)

@@ -1,4 +1,4 @@
-"""An OPD step of ours (``opdgrpo.train.train``) against TRL's on-policy ``DistillationTrainer``.
+"""An OPD step of ours (``opdgrpo.train.loop.train``) against TRL's on-policy ``DistillationTrainer``.
 
 TRL 1.x's ``DistillationTrainer`` (``trl.DistillationTrainer``, the successor of the experimental ``GKDTrainer``
 with ``lmbda=1``) always trains on the student's own samples; ``beta=1.0`` makes its divergence the reverse
@@ -38,7 +38,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=2e-4, help="AdamW learning rate (tiny profile's OPD: 2e-4)")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                    help="bf16 autocast for both (TRL: bf16=True), fp32, or auto (the tiny profile's train.precision: "
-                        "what opdgrpo.precision picks on this CPU, for both)")
+                        "what opdgrpo.train.precision picks on this CPU, for both)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for both (tiny profile: 1 per job)")
     p.add_argument("--rounds", type=int, default=5, help="blocks per trainer")
     p.add_argument("--steps", type=int, default=4, help="steps per block; the first of each is a warm-up")
@@ -61,7 +61,7 @@ def main() -> None:
         raise SystemExit(f"this benchmark needs trl with DistillationTrainer ({err}): pip install -e '.[bench]'") from None
     common.quiet()
     common.set_threads(args.threads)
-    from opdgrpo.precision import resolve
+    from opdgrpo.train.precision import resolve
 
     args.precision = resolve(args.precision)   # both trainers run what our trainer would run here
 
@@ -77,10 +77,10 @@ def main() -> None:
         "domains.math.heldout.amc.size": 4, "domains.math.heldout.aime.size": 4})
     method = cfg["method"]
 
-    from opdgrpo.batching import batch_tasks, domain_counts
     from opdgrpo.domains import build_domain
-    from opdgrpo.models import load_model
-    from opdgrpo.tokenizer import load_tokenizer
+    from opdgrpo.train.batching import batch_tasks, domain_counts
+    from opdgrpo.train.models import load_model
+    from opdgrpo.train.tokenizer import load_tokenizer
 
     domain = build_domain(cfg["domains"]["math"])
     pools = {"math": domain.training_pool()}
@@ -144,7 +144,7 @@ def main() -> None:
     trainer.train()
     shutil.rmtree(scratch, ignore_errors=True)
 
-    text, summary = common.compare(results, {"ours": f"ours (opdgrpo.train, top-{args.top_k} reverse KL)",
+    text, summary = common.compare(results, {"ours": f"ours (opdgrpo.train.loop, top-{args.top_k} reverse KL)",
                                              "trl": f"TRL {trl.__version__} DistillationTrainer (beta=1, full-vocab reverse KL)"}, batch)
     line, ratios = common.ratio_line(summary, results, args.steps - 1)
     print(f"### OPD step: ours vs TRL ({common.machine_line(args.threads)})\n")

@@ -1,9 +1,9 @@
 """float32 against bfloat16 autocast on this CPU: the tiny models' pretraining step, and what `precision: auto` picks.
 
-A pretraining step of the tiny profile (``opdgrpo.pretrain``'s own batch: ``pretrain.batch_size`` rows of the four
+A pretraining step of the tiny profile (``opdgrpo.stages.pretrain``'s own batch: ``pretrain.batch_size`` rows of the four
 domains' demonstrations, forward + backward + gradient clip + AdamW) for each model, in both arithmetics, interleaved
 (alternating which goes first; the first round is a warm-up and is dropped). Prints the medians, their ranges, the
-ratio of medians per model, the probe :func:`opdgrpo.precision.measure` and the choice ``auto`` makes here.
+ratio of medians per model, the probe :func:`opdgrpo.train.precision.measure` and the choice ``auto`` makes here.
 
 To see what a CPU without bfloat16 instructions gets on one that has them, cap the kernels first:
 
@@ -37,8 +37,8 @@ def pretraining_step(cfg: dict, role: str, tokenizer, domains):
     """A closure that runs one pretraining step of ``role`` in a given precision and returns its seconds."""
     import torch
 
-    from opdgrpo.models import autocast, build_model
-    from opdgrpo.pretrain import demonstration_batch
+    from opdgrpo.stages.pretrain import demonstration_batch
+    from opdgrpo.train.models import autocast, build_model
 
     model_cfg = cfg["models"][role]
     model = build_model(model_cfg, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed=0)
@@ -65,9 +65,9 @@ def main() -> None:
     common.set_threads(args.threads)
     import torch
 
-    from opdgrpo import precision
     from opdgrpo.domains import build_domain
-    from opdgrpo.tokenizer import build_tokenizer
+    from opdgrpo.train import precision
+    from opdgrpo.train.tokenizer import build_tokenizer
 
     common.quiet()
     cfg = common.tiny_config(Path(tempfile.mkdtemp()) / "results")

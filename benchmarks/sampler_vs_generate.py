@@ -1,4 +1,4 @@
-"""Rollout generation: our sampler (``opdgrpo.sampling.sample``) against ``model.generate``.
+"""Rollout generation: our sampler (``opdgrpo.train.sampling.sample``) against ``model.generate``.
 
 Same model, same left-padded prompts (a GRPO-shaped batch: ``--prompts`` math prompts x ``--group`` copies,
 512 sequences by default), same settings: sampling from the full distribution (temperature 1, ``top_k=0``,
@@ -51,10 +51,10 @@ def main() -> None:
     import torch
 
     from opdgrpo.domains import build_domain
-    from opdgrpo.models import autocast, load_model
-    from opdgrpo.rollout import encode_prompts
-    from opdgrpo.sampling import sample
-    from opdgrpo.tokenizer import load_tokenizer
+    from opdgrpo.train.models import autocast, load_model
+    from opdgrpo.train.rollout import encode_prompts
+    from opdgrpo.train.sampling import sample
+    from opdgrpo.train.tokenizer import load_tokenizer
 
     common.quiet()
     common.set_threads(args.threads)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from opdgrpo.config import compose
 from opdgrpo.plan.build import build_plan
-from opdgrpo.train import train
+from opdgrpo.train.loop import train
 
 
 def main() -> None:

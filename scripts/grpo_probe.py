@@ -75,9 +75,9 @@ def pass_at_k(args: argparse.Namespace) -> None:
     import torch
 
     from opdgrpo.domains import build_domain
-    from opdgrpo.evaluation import evaluate
-    from opdgrpo.models import load_model
-    from opdgrpo.tokenizer import load_tokenizer
+    from opdgrpo.train.evaluation import evaluate
+    from opdgrpo.train.models import load_model
+    from opdgrpo.train.tokenizer import load_tokenizer
 
     torch.set_num_threads(1)
     plan = build_plan(compose(["profile=tiny", f"results_dir={args.results}"]))

@@ -30,9 +30,9 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def smoke_world(tmp_path_factory):
     """Compose the smoke profile under a temp results dir and build its tokenizer and base models."""
-    from opdgrpo.pretrain import pretrain
     from opdgrpo.runio import write_json
-    from opdgrpo.tokenizer import build_tokenizer, save_tokenizer
+    from opdgrpo.stages.pretrain import pretrain
+    from opdgrpo.train.tokenizer import build_tokenizer, save_tokenizer
 
     root = tmp_path_factory.mktemp("world")
     cfg = compose(["profile=smoke", f"results_dir={root}/results"], REPO / "conf")
@@ -78,7 +78,7 @@ def _fresh_check_memo():
 @pytest.fixture
 def fresh_numerics(monkeypatch):
     """No fast-path decision carried over from another test, and ``OPDGRPO_FAST_PATHS`` unset."""
-    from opdgrpo import numerics
+    from opdgrpo.train import numerics
 
     monkeypatch.delenv(numerics.ENV, raising=False)
     numerics.reset()
@@ -91,7 +91,7 @@ def rigged_rewards(monkeypatch) -> None:
     """Every group's rewards alternate 1, 0, 1, 0, ... whatever was sampled, so every GRPO step has a gradient.
     Whether a barely pretrained smoke student finds a reward in a few steps depends on the CPU's last bits (see
     tests/integration/test_distributed.py); tests using this check what the updates do, not the rewards."""
-    from opdgrpo import train as trainer
+    from opdgrpo.train import loop as trainer
 
     sample_and_score = trainer.sample_and_score
 

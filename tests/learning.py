@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from opdgrpo.runio import read_jsonl
-from opdgrpo.train import train
+from opdgrpo.train.loop import train
 
 
 def pretrain_knowing_student(plan, out: Path) -> str:
     """The smoke student pretrained 300 steps: it answers some knowledge questions, so GRPO has a reward signal."""
-    from opdgrpo.pretrain import pretrain
+    from opdgrpo.stages.pretrain import pretrain
 
     job = copy.deepcopy(plan.jobs["base-student"].config)
     job["model"]["pretrain"]["steps"] = 300
@@ -45,6 +45,6 @@ SHORT_CHARS = 3
 
 
 def short_answer_scores(domains, tasks, texts) -> torch.Tensor:
-    """Stands in for :func:`opdgrpo.rollout.score`: 1 for a short answer, 0 otherwise, whatever the task asked. The
+    """Stands in for :func:`opdgrpo.train.rollout.score`: 1 for a short answer, 0 otherwise, whatever the task asked. The
     smoke student learns no real domain in a CI-sized run; this gives tests a reward GRPO measurably raises."""
     return torch.tensor([float(len(text.strip()) <= SHORT_CHARS) for text in texts])

@@ -8,13 +8,13 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from opdgrpo.domains import Task
-from opdgrpo.inference import FrozenForward
-from opdgrpo.logit_chunks import reduced_forward
-from opdgrpo.losses import topk_reverse_kl
-from opdgrpo.models import autocast
-from opdgrpo.objectives import GRPOObjective, OPDObjective, Shard, position_ids
-from opdgrpo.rollout import ScoredRollouts
-from opdgrpo.sampling import Rollouts
+from opdgrpo.train.inference import FrozenForward
+from opdgrpo.train.logit_chunks import reduced_forward
+from opdgrpo.train.losses import topk_reverse_kl
+from opdgrpo.train.models import autocast
+from opdgrpo.train.objectives import GRPOObjective, OPDObjective, Shard, position_ids
+from opdgrpo.train.rollout import ScoredRollouts
+from opdgrpo.train.sampling import Rollouts
 
 METHOD = {"name": "opd", "rollouts_per_prompt": 1, "aggregation": "token-mean", "top_k": 16}
 GRPO = {"name": "grpo", "group_size": 2, "aggregation": "token-mean", "scale_by_std": True, "clip_eps": 0.2,
@@ -119,7 +119,7 @@ def decoder_only(student, s: Shard, precision: str = "bf16") -> torch.Tensor:
     """The student's forward and backward with its LM head replaced by a sum of the hidden states: what a step
     holds whatever the loss (weights' gradients, the decoder's activations), the baseline the loss's extra memory
     is measured against."""
-    from opdgrpo.logit_chunks import reducing_head
+    from opdgrpo.train.logit_chunks import reducing_head
 
     with autocast(precision, "cpu"), reducing_head(student, lambda h, head: (h[:, :-1].float().sum(-1),)):
         (total,) = student(**_inputs(s)).logits

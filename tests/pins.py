@@ -1,6 +1,6 @@
 """Recorded results, compared bit for bit on the machine that recorded them and within stated tolerances everywhere.
 
-``tests/fixtures/speed_pins.json`` holds one set of pins per machine, keyed by :func:`opdgrpo.numerics.fingerprint`
+``tests/fixtures/speed_pins.json`` holds one set of pins per machine, keyed by :func:`opdgrpo.train.numerics.fingerprint`
 (the bits of a few canonical computations: two CPUs that both report ``AVX512`` can still take different kernels).
 
 * :meth:`PinStore.bitwise`: on a machine whose fingerprint has pins, ``==`` on every value; elsewhere it skips and
@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import pytest
 
-from opdgrpo import numerics, precision
+from opdgrpo.train import numerics, precision
 
 PINS = Path(__file__).parent / "fixtures" / "speed_pins.json"
 RECORD = bool(os.environ.get("OPDGRPO_RECORD_PINS"))
@@ -112,7 +112,7 @@ _recorded_here: set[tuple[Path, str]] = set()
 
 def set_key(fingerprint: str, arithmetic: str) -> str:
     """A machine's pin set: its fingerprint, and what the smoke runs' ``precision: auto`` resolves to there (an
-    AVX2-only CPU runs float32, a CPU with bfloat16 instructions bf16, :mod:`opdgrpo.precision`). Sets recorded
+    AVX2-only CPU runs float32, a CPU with bfloat16 instructions bf16, :mod:`opdgrpo.train.precision`). Sets recorded
     before ``auto`` existed are bf16 and keep the bare fingerprint."""
     return fingerprint if arithmetic == "bf16" else f"{fingerprint}+{arithmetic}"
 

@@ -41,12 +41,13 @@ def cmd_plan(args) -> int:
 
 
 def cmd_tokenizer(args) -> int:
+    from opdgrpo.train.tokenizer import build_tokenizer, save_tokenizer
+
     from .runio import write_json
-    from .tokenizer import build_tokenizer, save_tokenizer
 
     cfg = _job_config(args)
     if cfg["tokenizer"].get("source") == "hub":   # paper scale: the students' own tokenizer
-        from .hub_models import save_hub_tokenizer
+        from opdgrpo.stages.hub_models import save_hub_tokenizer
 
         write_json(args.out / "done.json", {"vocab_size": save_hub_tokenizer(cfg["tokenizer"], args.out),
                                             "source": "hub", "path": str(cfg["tokenizer"]["path"])})
@@ -60,11 +61,11 @@ def cmd_tokenizer(args) -> int:
 
 
 def cmd_pretrain(args) -> int:
-    from .pretrain import pretrain
+    from opdgrpo.stages.pretrain import pretrain
 
     cfg = _job_config(args)
     if cfg["model"].get("source") in ("hub", "random"):   # paper scale: a hub model (or the rehearsal's random one), linked and evaluated
-        from .hub_models import fetch_base
+        from opdgrpo.stages.hub_models import fetch_base
 
         pretrain = fetch_base
     summary = pretrain(cfg, args.out)
@@ -77,8 +78,9 @@ def cmd_train(args) -> int:
     4 a retry that refuses to train (opdgrpo.attempts), 1 any other error."""
     import os
 
+    from opdgrpo.train.loop import Interrupted, NonFinite, train
+
     from . import attempts
-    from .train import Interrupted, NonFinite, train
 
     main_process = int(os.environ.get("RANK", "0")) == 0   # under torchrun only rank 0 keeps the attempt records
     if main_process:
@@ -111,7 +113,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_difficulty(args) -> int:
-    from .difficulty import select
+    from opdgrpo.stages.difficulty import select
 
     summary = select(_job_config(args), args.out)
     print(json.dumps({k: summary[k] for k in ("domain", "prompts", "subsets", "wall_s")}))

@@ -6,7 +6,7 @@ setting up to that step), where its numbers are also sent (``report_to``), and w
 in the backward (``activation_checkpointing``: the same arithmetic, tests/integration/test_fsdp.py). They leave the
 config the rules hash (so turning tracking on does not rerun a finished DAG) and reach each job through one
 environment variable that the rules export and :func:`with_runtime` reads back. A resumed checkpoint is matched
-without them too (:func:`opdgrpo.checkpoint.run_identity`).
+without them too (:func:`opdgrpo.train.checkpoint.run_identity`).
 """
 
 from __future__ import annotations

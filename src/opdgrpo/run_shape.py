@@ -1,7 +1,7 @@
 """A run's shape: the steps, rows, shards, mini-batches and passes of its steps, and the caps that cut them, with
 every default in one place.
 
-The trainer (:mod:`opdgrpo.train`), the cost model (:mod:`opdgrpo.cost.model`) and the planner (:mod:`opdgrpo.cost.resources`)
+The trainer (:mod:`opdgrpo.train.loop`), the cost model (:mod:`opdgrpo.cost.model`) and the planner (:mod:`opdgrpo.cost.resources`)
 all read this record, built from the run's config, so the rules they apply (how many shards a step has, whether a
 step makes an old-policy pass, which strategy shares the student) cannot drift apart. Torch-free: the planners import
 it without torch's start-up.

@@ -1,4 +1,4 @@
-"""Difficulty subsets of S2, without torch: the binning rule (see :mod:`opdgrpo.difficulty` for the rule in words),
+"""Difficulty subsets of S2, without torch: the binning rule (see :mod:`opdgrpo.stages.difficulty` for the rule in words),
 the subset names the planner needs before any model has run, and reading a subset back for training.
 """
 

@@ -14,7 +14,7 @@ import pytest
 
 from opdgrpo.config import compose
 from opdgrpo.plan.build import build_plan
-from opdgrpo.preflight import RunLocked, run_dir_lock
+from opdgrpo.train.preflight import RunLocked, run_dir_lock
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
@@ -69,7 +69,7 @@ def test_second_snakemake_on_one_directory_is_refused(tmp_path):
 
 
 def _hold_lock(run_dir: Path) -> subprocess.Popen:
-    code = ("import sys, time; from pathlib import Path; from opdgrpo.preflight import run_dir_lock\n"
+    code = ("import sys, time; from pathlib import Path; from opdgrpo.train.preflight import run_dir_lock\n"
             "with run_dir_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
@@ -93,8 +93,8 @@ def test_run_dir_lock_refuses_a_second_process_and_frees_on_exit(tmp_path):
 def test_train_on_a_locked_run_dir_fails_fast_and_leaves_it_untouched(tmp_path):
     """Two `train` processes on one run directory: the second fails at once, naming the directory, and touches
     none of the first's files (here a finished run's, to show nothing is deleted)."""
-    from opdgrpo.tokenizer import build_tokenizer, save_tokenizer
-    from opdgrpo.train import train
+    from opdgrpo.train.loop import train
+    from opdgrpo.train.tokenizer import build_tokenizer, save_tokenizer
 
     cfg = compose(["profile=smoke", f"results_dir={tmp_path}/results"], REPO / "conf")
     plan = build_plan(cfg)

@@ -74,7 +74,7 @@ def test_rehearsal_base_jobs_write_weightless_hub_directories_and_evaluate_them(
     engine; a loader draws the weights from the seed."""
     from transformers import AutoTokenizer
 
-    from opdgrpo.models import RANDOM_INIT, load_model
+    from opdgrpo.train.models import RANDOM_INIT, load_model
 
     base = rehearsal_dag.workdir / "results" / "rehearsal" / "base"
     for model in ("student", "qwen3_4b", "student_olmo3"):

@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from opdgrpo.step_stats import TIMING_KEYS
+from opdgrpo.train.step_stats import TIMING_KEYS
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ["munge", "slurmctld", "slurmd", "slurm-client"]

@@ -18,9 +18,9 @@ import torch
 from torch.distributed.tensor import DTensor
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from opdgrpo import fsdp
-from opdgrpo.distributed import Workers
-from opdgrpo.models import enable_activation_checkpointing
+from opdgrpo.train import fsdp
+from opdgrpo.train.distributed import Workers
+from opdgrpo.train.models import enable_activation_checkpointing
 
 
 def _model() -> Qwen3ForCausalLM:

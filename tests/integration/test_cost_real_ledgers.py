@@ -9,7 +9,7 @@ import pytest
 
 from opdgrpo.cost import model as cost
 from opdgrpo.runio import read_jsonl
-from opdgrpo.train import train
+from opdgrpo.train.loop import train
 
 KNOBS = {"updates_per_batch": 2, "beta": 0.1}   # GRPO's extra passes: two updates (old_policy) and a reference
 

@@ -21,7 +21,7 @@ from learning import one_process_run_that_learns
 from safetensors.torch import load_file
 
 from opdgrpo.runio import read_jsonl
-from opdgrpo.train import train
+from opdgrpo.train.loop import train
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -1,6 +1,6 @@
 """Kill anywhere, lose nothing; corrupt checkpoints are detected; NaN/inf stops (or skips) a step.
 
-Faults are injected with ``OPDGRPO_FAULT=<point>:<step>`` (``opdgrpo.faults``). A killed run is rerun without the
+Faults are injected with ``OPDGRPO_FAULT=<point>:<step>`` (``opdgrpo.train.faults``). A killed run is rerun without the
 fault and must end with exactly the ledger, evals and FLOP totals of an uninterrupted run: CPU runs are
 deterministic (fixed thread count, seeded generators per (seed, step), checkpoints hold exact float32 weights and
 the optimiser state), so the comparison is ``==`` on every number, not a tolerance.
@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from opdgrpo import faults
-from opdgrpo.checkpoint import MANIFEST, STATE_FILE, load_state, resume_point, write_manifest
 from opdgrpo.runio import read_jsonl
-from opdgrpo.step_stats import TIMING_KEYS
-from opdgrpo.train import NonFinite, train
+from opdgrpo.train import faults
+from opdgrpo.train.checkpoint import MANIFEST, STATE_FILE, load_state, resume_point, write_manifest
+from opdgrpo.train.loop import NonFinite, train
+from opdgrpo.train.step_stats import TIMING_KEYS
 
 OPD, GRPO = "opd-teacher_m-math-s0", "grpo-student-math-s0"
 

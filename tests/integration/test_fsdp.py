@@ -48,10 +48,10 @@ import torch
 from learning import one_process_run_that_learns
 from safetensors.torch import load_file
 
-from opdgrpo.distributed import Workers
 from opdgrpo.runio import read_jsonl
-from opdgrpo.step_stats import TIMING_KEYS
-from opdgrpo.train import train
+from opdgrpo.train.distributed import Workers
+from opdgrpo.train.loop import train
+from opdgrpo.train.step_stats import TIMING_KEYS
 
 pytestmark = pytest.mark.timeout(600)
 

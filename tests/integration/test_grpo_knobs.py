@@ -12,13 +12,13 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from opdgrpo import flops as F
-from opdgrpo.inference import FrozenForward
-from opdgrpo.losses import token_logprobs
-from opdgrpo.models import autocast, load_model
-from opdgrpo.objectives import GRPOObjective, position_ids
 from opdgrpo.runio import read_jsonl
-from opdgrpo.train import train
+from opdgrpo.train import flops as F
+from opdgrpo.train.inference import FrozenForward
+from opdgrpo.train.loop import train
+from opdgrpo.train.losses import token_logprobs
+from opdgrpo.train.models import autocast, load_model
+from opdgrpo.train.objectives import GRPOObjective, position_ids
 
 RUN = "grpo-student-math-s0"
 

@@ -1,6 +1,6 @@
-"""The gradient-free fast paths (opdgrpo.inference) give exactly, bit for bit, what eager attention gives.
+"""The gradient-free fast paths (opdgrpo.train.inference) give exactly, bit for bit, what eager attention gives.
 
-Every production forward goes through :func:`~opdgrpo.inference.choose_path`, which checks the fast paths against
+Every production forward goes through :func:`~opdgrpo.train.inference.choose_path`, which checks the fast paths against
 the reference once per process and takes them only where they are exact on this machine; the tests do the same
 first. Where a path the machine refused is called directly (``LeanQwen3`` on a machine where it was refused), the
 test requires the logits to be close (a few bfloat16 units in the last place) rather than equal.
@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
-from opdgrpo.inference import LEAN, NAME, LeanQwen3, choose_path, fast_attention, sampling_cache
-from opdgrpo.models import autocast
+from opdgrpo.train.inference import LEAN, NAME, LeanQwen3, choose_path, fast_attention, sampling_cache
+from opdgrpo.train.models import autocast
 
 #: (heads, kv heads, head_dim, hidden): MHA, GQA 2:1 and 4:1, head_dim != hidden / heads (the tiny models' shapes).
 SHAPES = [(4, 4, 16, 64), (4, 2, 32, 128), (8, 2, 16, 96), (4, 1, 48, 192), (8, 4, 32, 256)]
@@ -143,14 +143,14 @@ def test_sampling_cache_stores_keys_in_the_autocast_dtype_only_under_autocast():
 def test_folded_attention_matches_eager_on_random_bf16_shapes():
     """The folded multiply against ``eager_attention_forward`` itself, on 50 random shapes: GQA ratios 1-8, head
     dims 8-128, one-row decode steps and longer prefills, masked prefixes (3000 shapes passed when written; every job
-    also checks its own layouts on 64 shapes before it takes the fold: ``opdgrpo.inference.choose_path``). 50, not
+    also checks its own layouts on 64 shapes before it takes the fold: ``opdgrpo.train.inference.choose_path``). 50, not
     100: bf16 is emulated on AVX2-only CPUs (33 s for 100 there)."""
     import random
     import types
 
     from transformers.models.qwen3.modeling_qwen3 import eager_attention_forward
 
-    from opdgrpo.inference import eager_attention_no_grad
+    from opdgrpo.train.inference import eager_attention_no_grad
 
     rng = random.Random(0)
     for _ in range(50):
@@ -258,7 +258,7 @@ def test_lean_forward_only_where_it_reproduces_the_model():
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_frozen_forward_is_the_teachers_own_forward(precision):
     """OPD's teacher forwards: LeanQwen3 under bf16 (weights cast once, reused across calls), the model under fp32."""
-    from opdgrpo.inference import FrozenForward
+    from opdgrpo.train.inference import FrozenForward
 
     model = _model(8, 2, 16, 96)
     for p in model.parameters():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from opdgrpo.runio import read_jsonl
-from opdgrpo.train import train
+from opdgrpo.train.loop import train
 
 PEAK_KEYS = {"flops_per_s", "median_flops_per_s", "dtype", "autocast", "device", "threads", "shape", "layouts",
              "best_layout", "repeats", "statistic", "seconds"}

@@ -1,4 +1,4 @@
-"""Token-budget batches in real smoke runs (src/opdgrpo/packing.py, src/opdgrpo/microbatch.py).
+"""Token-budget batches in real smoke runs (src/opdgrpo/train/packing.py, src/opdgrpo/train/microbatch.py).
 
 ``train.max_tokens_per_microbatch``: a step's rows repacked by length into micro-batches within the cap train the
 same objective as the unpacked shards -- same rewards, prompt/completion/rollout tokens and rollout FLOPs (sampling
@@ -21,15 +21,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from opdgrpo import train as trainer
-from opdgrpo.difficulty import solve_rates
 from opdgrpo.domains import build_domain
-from opdgrpo.evaluation import batch_bounds, evaluate, heldout_for
-from opdgrpo.models import load_model
-from opdgrpo.rollout import PromptFormat
 from opdgrpo.runio import read_jsonl
-from opdgrpo.tokenizer import load_tokenizer
-from opdgrpo.train import train
+from opdgrpo.stages.difficulty import solve_rates
+from opdgrpo.train import loop as trainer
+from opdgrpo.train.evaluation import batch_bounds, evaluate, heldout_for
+from opdgrpo.train.loop import train
+from opdgrpo.train.models import load_model
+from opdgrpo.train.rollout import PromptFormat
+from opdgrpo.train.tokenizer import load_tokenizer
 
 CAP = 96   # smoke rows are about 10 prompt + up to 16 response tokens: 2 to 4 rows per micro-batch
 #: Two processes' rows under this cap packed into 6 and 7, then 7 and 8 micro-batches on the machine this was
@@ -129,11 +129,11 @@ def test_a_token_cap_trains_as_the_shards_with_fewer_padded_tokens(smoke_world, 
 
 def test_a_row_over_the_cap_trains_alone(smoke_world, tmp_path, shapes, caplog):
     """A cap below every row: each row is its own micro-batch (warned once), and the run trains."""
-    from opdgrpo import packing
+    from opdgrpo.train import packing
 
     _, plan = smoke_world
     packing._warned.discard("train.max_tokens_per_microbatch")
-    with caplog.at_level("WARNING", logger="opdgrpo.packing"):
+    with caplog.at_level("WARNING", logger="opdgrpo.train.packing"):
         train(_config(plan, "grpo-student-math-s0", steps=1, max_tokens_per_microbatch=4), tmp_path / "run")
     assert shapes and all(rows == 1 for rows, _ in shapes)
     assert sum("max_tokens_per_microbatch" in r.getMessage() for r in caplog.records) == 1

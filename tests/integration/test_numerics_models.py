@@ -15,11 +15,11 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from opdgrpo import inference, numerics
-from opdgrpo.models import autocast
 from opdgrpo.runio import read_jsonl
-from opdgrpo.sampling import sample
-from opdgrpo.step_stats import TIMING_KEYS
+from opdgrpo.train import inference, numerics
+from opdgrpo.train.models import autocast
+from opdgrpo.train.sampling import sample
+from opdgrpo.train.step_stats import TIMING_KEYS
 
 pytestmark = pytest.mark.usefixtures("fresh_numerics")
 
@@ -124,7 +124,7 @@ RUNS = ["grpo-student-math+code+ifeval+knowledge-s0", "opd-teacher_m-math+code+i
 @pytest.mark.parametrize("run_id", RUNS)
 def test_a_training_run_gives_the_same_numbers_with_fast_paths_off(smoke_world, tmp_path, run_id):
     """Rollouts, teacher forwards and evaluations with the fast paths (where exact here) and without any."""
-    from opdgrpo.train import train
+    from opdgrpo.train.loop import train
 
     _, plan = smoke_world
     cfg = copy.deepcopy(plan.jobs[run_id].config)

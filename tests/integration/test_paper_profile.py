@@ -58,8 +58,8 @@ def offline_paper_config(root: Path, models: dict[str, str] | None = None, domai
 def tiny_hub_models(tmp_path_factory) -> dict[str, str]:
     """A student and a teacher saved like hub checkpoints: Qwen3 architecture, a tokenizer with a chat template
     and the chat special tokens, loadable with from_pretrained / AutoTokenizer."""
-    from opdgrpo.models import build_model
-    from opdgrpo.tokenizer import CHAT_TEMPLATE, CHAT_TOKENS, build_tokenizer
+    from opdgrpo.train.models import build_model
+    from opdgrpo.train.tokenizer import CHAT_TEMPLATE, CHAT_TOKENS, build_tokenizer
 
     smoke = compose(["profile=smoke"], REPO / "conf")
     tok = build_tokenizer(smoke["domains"], 256, 300)
@@ -107,8 +107,8 @@ PAPER_DOMAINS = ("math", "code", "ifeval", "knowledge")
 
 
 def test_paper_code_path_trains_end_to_end(tiny_hub_models, tmp_path):
-    from opdgrpo.tokenizer import load_tokenizer
-    from opdgrpo.train import train
+    from opdgrpo.train.loop import train
+    from opdgrpo.train.tokenizer import load_tokenizer
 
     cfg = _tiny_paper_config(tmp_path / "results", tiny_hub_models, PAPER_DOMAINS)
     plan = build_plan(cfg)
@@ -146,8 +146,8 @@ def test_paper_code_path_trains_end_to_end(tiny_hub_models, tmp_path):
 
 def test_chat_template_formats_prompts_and_stops_at_end_of_turn(tiny_hub_models):
     from opdgrpo.domains import Task
-    from opdgrpo.rollout import PromptFormat, encode_prompts
-    from opdgrpo.tokenizer import load_tokenizer
+    from opdgrpo.train.rollout import PromptFormat, encode_prompts
+    from opdgrpo.train.tokenizer import load_tokenizer
 
     tok = load_tokenizer(Path(tiny_hub_models["student"]))
     fmt = PromptFormat(chat_template=True, enable_thinking=False, stop_tokens=("<|im_end|>",))

@@ -22,7 +22,7 @@ from learning import short_answer_scores
 
 from opdgrpo.report.uncertainty import FAILS, HOLDS, interval_verdict, mean_interval
 from opdgrpo.runio import read_jsonl
-from opdgrpo.train import train
+from opdgrpo.train.loop import train
 
 SEEDS, STEPS = (0, 1, 2), 12
 
@@ -36,7 +36,7 @@ def _score(evaluation: dict) -> float:
 @pytest.fixture(scope="module")
 def gains(smoke_world, tmp_path_factory) -> dict[str, list[float]]:
     """{precision: [held-out gain of each seed]}."""
-    from opdgrpo import rollout
+    from opdgrpo.train import rollout
 
     _, plan = smoke_world
     root = tmp_path_factory.mktemp("precision-study")

@@ -19,11 +19,11 @@ import torch
 from pins import RECORD, PinStore, tolerance_view
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from opdgrpo.models import autocast
 from opdgrpo.runio import read_jsonl
-from opdgrpo.sampling import sample
-from opdgrpo.step_stats import TIMING_KEYS
-from opdgrpo.train import train
+from opdgrpo.train.loop import train
+from opdgrpo.train.models import autocast
+from opdgrpo.train.sampling import sample
+from opdgrpo.train.step_stats import TIMING_KEYS
 
 #: Ledger keys that may differ between runs of the same config (wall-clock time and rates).
 UNPINNED = TIMING_KEYS

@@ -13,7 +13,7 @@ import pytest
 
 from opdgrpo.runio import read_jsonl
 from opdgrpo.tracking import check_installed, eval_scalars, flatten
-from opdgrpo.train import train
+from opdgrpo.train.loop import train
 
 RUN = "opd-teacher_m-math-s0"
 

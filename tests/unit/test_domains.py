@@ -10,7 +10,7 @@ import pytest
 from opdgrpo.config import compose
 from opdgrpo.domains import build_domain
 from opdgrpo.domains.math import evaluate, extract_answer
-from opdgrpo.tokenizer import build_tokenizer
+from opdgrpo.train.tokenizer import build_tokenizer
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

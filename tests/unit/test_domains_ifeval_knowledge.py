@@ -13,7 +13,7 @@ import yaml
 from opdgrpo.domains import Task, build_domain
 from opdgrpo.domains.instructions import CONSTRAINT_KINDS, Constraint, check_constraints, constraint_passes, solve
 from opdgrpo.domains.knowledge import extract_answer
-from opdgrpo.tokenizer import build_tokenizer
+from opdgrpo.train.tokenizer import build_tokenizer
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "domain"
 MALFORMED = ["", "  \n ", "=>", "12 + 3 ?!", "cat dog =>", "\x00\x01"]

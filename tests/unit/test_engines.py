@@ -12,16 +12,16 @@ import pytest
 import torch
 from transformers import Qwen3Config
 
-from opdgrpo import flops as F
 from opdgrpo import schema
 from opdgrpo.domains import Task
-from opdgrpo.engines import HFEngine, build_engine
-from opdgrpo.engines.vllm_engine import _rollouts
-from opdgrpo.losses import grpo_loss
-from opdgrpo.objectives import GRPOObjective, Shard, engine_correction
-from opdgrpo.preflight import check_engine_installed
-from opdgrpo.rollout import ScoredRollouts
-from opdgrpo.sampling import Rollouts
+from opdgrpo.train import flops as F
+from opdgrpo.train.engines import HFEngine, build_engine
+from opdgrpo.train.engines.vllm_engine import _rollouts
+from opdgrpo.train.losses import grpo_loss
+from opdgrpo.train.objectives import GRPOObjective, Shard, engine_correction
+from opdgrpo.train.preflight import check_engine_installed
+from opdgrpo.train.rollout import ScoredRollouts
+from opdgrpo.train.sampling import Rollouts
 
 CONFIG = Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                      num_key_value_heads=1, head_dim=8)
@@ -108,7 +108,7 @@ def test_grpo_weights_each_tokens_policy_gradient_by_its_importance_weight():
 
 def test_repacked_micro_batches_keep_the_engines_logprobs():
     """``train.max_tokens_per_microbatch`` repacks rows into new shards: each row's engine log-probs go with it."""
-    from opdgrpo.microbatch import repack
+    from opdgrpo.train.microbatch import repack
 
     a = _shard([[-1.0, -2.0], [-0.5, -3.0]], [[True, True], [True, False]])
     b = _shard([[-0.25, -0.75]], [[True, True]])
@@ -130,7 +130,7 @@ def test_engine_args_place_each_rank_and_size_the_engine_to_the_job():
     """Under several processes ``external_launcher`` (vLLM takes LOCAL_RANK as the device; its default executor
     would take cuda:0 on every rank); ``max_model_len`` the job's longest row, not the model's 40,960-token context;
     sleep only on a GPU shared with a trainer."""
-    from opdgrpo.engines.vllm_engine import engine_args
+    from opdgrpo.train.engines.vllm_engine import engine_args
 
     alone = engine_args(_config(), max_len=8704, settings={"gpu_memory_utilization": 0.9}, seed=0, cuda=True, world=1,
                         shares_gpu=False)
@@ -157,7 +157,7 @@ def test_engine_args_place_each_rank_and_size_the_engine_to_the_job():
     ({"distributed_executor_backend": "mp"}, 100, 40960, r"`train.vllm.distributed_executor_backend`.*leave it unset"),
 ])
 def test_engine_args_refuse_what_vllm_would_refuse_later(settings, max_len, context, match):
-    from opdgrpo.engines.vllm_engine import engine_args
+    from opdgrpo.train.engines.vllm_engine import engine_args
 
     with pytest.raises(ValueError, match=match):
         engine_args(_config(context), max_len=max_len, settings=settings, seed=0, cuda=True, world=2, shares_gpu=True)
@@ -169,7 +169,7 @@ def test_build_engine_under_vllm_needs_the_jobs_longest_row(tmp_path):
 
 
 def test_training_jobs_grow_allocator_segments_on_gpus_only(monkeypatch):
-    from opdgrpo.train import expandable_segments
+    from opdgrpo.train.loop import expandable_segments
 
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -185,7 +185,7 @@ def test_engine_correction_is_on_for_vllm_grpo_and_refused_where_it_does_nothing
     """The paper profile corrects vLLM's GRPO rollouts (TRL's default: token-level truncation, cap 3); OPD and the
     own sampler have nothing for it to correct, so setting it there is an error naming the key."""
     from opdgrpo.config import ConfigError, compose
-    from opdgrpo.objectives import OPDObjective
+    from opdgrpo.train.objectives import OPDObjective
 
     assert compose(["profile=paper"])["methods"]["grpo"]["engine_is_cap"] == 3.0
     with pytest.raises(ConfigError, match=r"`methods.opd.engine_is_cap` does nothing.*prefix"):
@@ -219,7 +219,7 @@ class _RecordedLLM:
 
 
 def _sleeping_engine():
-    from opdgrpo.engines.vllm_engine import VLLMEngine
+    from opdgrpo.train.engines.vllm_engine import VLLMEngine
 
     engine = VLLMEngine.__new__(VLLMEngine)
     engine.llm, engine.sleeps, engine.version, engine._sleeping, engine._held = _RecordedLLM(), True, None, set(), False

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from opdgrpo.domains import Task
-from opdgrpo.rollout import PromptFormat, encode_prompts
-from opdgrpo.tokenizer import load_tokenizer
+from opdgrpo.train.rollout import PromptFormat, encode_prompts
+from opdgrpo.train.tokenizer import load_tokenizer
 
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
@@ -21,7 +21,7 @@ def tokenizer(tmp_path_factory):
     """The smoke profile's tokenizer, built and saved as its job builds it, then loaded back (no models needed)."""
     from opdgrpo.config import compose
     from opdgrpo.plan.build import build_plan
-    from opdgrpo.tokenizer import build_tokenizer, save_tokenizer
+    from opdgrpo.train.tokenizer import build_tokenizer, save_tokenizer
 
     root = tmp_path_factory.mktemp("tokenizer")
     plan = build_plan(compose(["profile=smoke", f"results_dir={root}/results"], Path(__file__).resolve().parents[2] / "conf"))
@@ -68,7 +68,7 @@ def test_completions_are_the_tokens_before_the_first_stop():
     """The sampler's completions equal the row-by-row filter it replaced, on a model that stops at random steps."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from opdgrpo.sampling import sample
+    from opdgrpo.train.sampling import sample
 
     torch.manual_seed(0)
     config = Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,

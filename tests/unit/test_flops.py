@@ -7,7 +7,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from opdgrpo import flops
+from opdgrpo.train import flops
 
 PAD, EOS = 0, 1
 

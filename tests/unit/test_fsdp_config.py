@@ -12,8 +12,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from opdgrpo import schema
 from opdgrpo.config import ConfigError, compose
-from opdgrpo.fsdp import Policy, decoder_layers
-from opdgrpo.models import enable_activation_checkpointing
+from opdgrpo.train.fsdp import Policy, decoder_layers
+from opdgrpo.train.models import enable_activation_checkpointing
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from opdgrpo.domains import Task
-from opdgrpo.losses import token_logprobs
-from opdgrpo.objectives import GRPOObjective, OPDObjective, Shard
-from opdgrpo.rollout import ScoredRollouts
-from opdgrpo.sampling import Rollouts
+from opdgrpo.train.losses import token_logprobs
+from opdgrpo.train.objectives import GRPOObjective, OPDObjective, Shard
+from opdgrpo.train.rollout import ScoredRollouts
+from opdgrpo.train.sampling import Rollouts
 
 METHOD = {"name": "grpo", "group_size": 2, "aggregation": "token-mean", "scale_by_std": False, "clip_eps": 0.2,
           "clip_eps_high": None}

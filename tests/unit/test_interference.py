@@ -19,7 +19,7 @@ import yaml
 from opdgrpo.config import ConfigError, compose
 from opdgrpo.domains import KINDS, build_domain
 from opdgrpo.domains.base import SHARED_PREFIX, SHARED_WRAPS, is_shared
-from opdgrpo.tokenizer import build_tokenizer
+from opdgrpo.train.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ("math", "code", "ifeval", "knowledge")

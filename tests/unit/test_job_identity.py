@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from opdgrpo import checkpoint, job_identity
+from opdgrpo import job_identity
 from opdgrpo.config import compose
 from opdgrpo.plan.build import build_plan
+from opdgrpo.train import checkpoint
 
 
 def test_the_rules_hash_no_runtime_key_and_the_job_gets_them_back():

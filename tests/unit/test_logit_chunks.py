@@ -1,4 +1,4 @@
-"""``train.logit_chunk_tokens`` (:mod:`opdgrpo.logit_chunks`): the LM head and the loss's reduction a chunk of
+"""``train.logit_chunk_tokens`` (:mod:`opdgrpo.train.logit_chunks`): the LM head and the loss's reduction a chunk of
 response positions at a time, for the student (with its gradient, recomputed per chunk in the backward) and for OPD's
 teachers (only their logits at the student's top-k ids are kept).
 
@@ -21,7 +21,7 @@ import opd_memory_cases as cases
 import pytest
 import torch
 
-from opdgrpo.logit_chunks import reduce_response
+from opdgrpo.train.logit_chunks import reduce_response
 
 pytestmark = pytest.mark.timeout(300)
 

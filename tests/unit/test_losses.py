@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from opdgrpo.losses import group_advantages, grpo_loss, token_logprobs, topk_reverse_kl
+from opdgrpo.train.losses import group_advantages, grpo_loss, token_logprobs, topk_reverse_kl
 
 # --------------------------------------------------------------------------------------------------------------------
 # group_advantages

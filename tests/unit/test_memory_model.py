@@ -14,7 +14,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from opdgrpo.cost import memory_model as mm
 from opdgrpo.cost.memprobe import peak_bytes
-from opdgrpo.models import enable_activation_checkpointing
+from opdgrpo.train.models import enable_activation_checkpointing
 
 VOCAB = 512
 

@@ -8,7 +8,7 @@ from itertools import combinations
 
 import pytest
 
-from opdgrpo.metrics import avg_at_k, pass_at_k, summarise
+from opdgrpo.train.metrics import avg_at_k, pass_at_k, summarise
 
 
 def brute_pass_at_k(n: int, c: int, k: int) -> float:

@@ -8,9 +8,9 @@ import time
 import pytest
 import torch
 
-from opdgrpo.peak import LAYOUTS, matmul_dtype, matmul_peak, mfu_summary, run_peak
 from opdgrpo.report.mfu import mfu_markdown
 from opdgrpo.runio import write_json
+from opdgrpo.train.peak import LAYOUTS, matmul_dtype, matmul_peak, mfu_summary, run_peak
 
 PEAK_KEYS = {"flops_per_s", "median_flops_per_s", "dtype", "autocast", "device", "threads", "shape", "layouts",
              "best_layout", "repeats", "statistic", "seconds"}

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opdgrpo import inference, numerics
-from opdgrpo.models import autocast
+from opdgrpo.train import inference, numerics
+from opdgrpo.train.models import autocast
 
 pytestmark = pytest.mark.usefixtures("fresh_numerics")
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from transformers import Olmo3Config
 
-from opdgrpo import flops as F
 from opdgrpo.config import ConfigError, compose
 from opdgrpo.cost import model as cost
 from opdgrpo.plan.build import build_plan
+from opdgrpo.train import flops as F
 
 REPO = Path(__file__).resolve().parents[2]
 OLMO = ["+studies.S1.student=student_olmo3", "studies.S1.teachers=[olmo3_7b_think]"]
@@ -76,9 +76,9 @@ def test_olmo3_tokenizer_fixture_stops_at_endoftext(tmp_path):
     """Offline stand-in for the Dolma2 tokenizer (EOS ``<|endoftext|>``, pad ``<|pad|>``, no chat template): the
     tokenizer job saves it from ``models.student_olmo3.tokenizer``, and the student's prompt format encodes plain
     prompts and stops at EOS only. The real ids (100257, 100277) need the download; this checks the wiring."""
-    from opdgrpo.hub_models import save_hub_tokenizer
-    from opdgrpo.rollout import PromptFormat
-    from opdgrpo.tokenizer import build_tokenizer, load_tokenizer
+    from opdgrpo.stages.hub_models import save_hub_tokenizer
+    from opdgrpo.train.rollout import PromptFormat
+    from opdgrpo.train.tokenizer import build_tokenizer, load_tokenizer
 
     smoke = compose(["profile=smoke"], REPO / "conf")
     tok = build_tokenizer(smoke["domains"], 256, 300)

@@ -1,4 +1,4 @@
-"""Token-budget batches (src/opdgrpo/packing.py): training micro-batches packed under
+"""Token-budget batches (src/opdgrpo/train/packing.py): training micro-batches packed under
 ``train.max_tokens_per_microbatch`` and sampling batches under ``*.max_batch_tokens``."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import random
 import pytest
 import torch
 
-from opdgrpo import packing, schema
-from opdgrpo.packing import check_budget, pack_rows, split_to, token_batches
+from opdgrpo import schema
+from opdgrpo.train import packing
+from opdgrpo.train.packing import check_budget, pack_rows, split_to, token_batches
 
 
 def _cost(group: list[int], prompts: list[int], responses: list[int]) -> int:
@@ -40,7 +41,7 @@ def test_packing_is_deterministic_and_sorted_by_length():
 
 def test_a_row_over_the_cap_runs_alone_with_one_warning(caplog, monkeypatch):
     monkeypatch.setattr(packing, "_warned", set())
-    with caplog.at_level(logging.WARNING, logger="opdgrpo.packing"):
+    with caplog.at_level(logging.WARNING, logger="opdgrpo.train.packing"):
         groups = pack_rows([4, 4, 4], [2, 50, 60], 20)
         pack_rows([4], [70], 20)
     assert groups == [[0], [1], [2]]
@@ -93,7 +94,7 @@ def test_bad_budgets_name_the_key(value):
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Repacking sampled shards (src/opdgrpo/microbatch.py)
+# Repacking sampled shards (src/opdgrpo/train/microbatch.py)
 
 PAD = 0
 
@@ -101,9 +102,9 @@ PAD = 0
 def _shard(prompts: list[list[int]], responses: list[list[int]], first: int):
     """A sampled shard as the sampler lays it out: left-padded prompts, responses padded after their end."""
     from opdgrpo.domains import Task
-    from opdgrpo.objectives import Shard
-    from opdgrpo.rollout import ScoredRollouts
-    from opdgrpo.sampling import Rollouts
+    from opdgrpo.train.objectives import Shard
+    from opdgrpo.train.rollout import ScoredRollouts
+    from opdgrpo.train.sampling import Rollouts
 
     P, T = max(map(len, prompts)), max(map(len, responses))
     seqs = torch.full((len(prompts), P + T), PAD, dtype=torch.long)
@@ -128,7 +129,7 @@ def _rows(seed: int, n: int) -> tuple[list[list[int]], list[list[int]]]:
 def test_repack_keeps_every_row_and_its_values_within_the_cap():
     """Rows of two sampled shards repacked: each row exactly once with its tokens, reward, text and advantage; each
     micro-batch within the cap; as many micro-batches as ``agree`` asks (another process packed more)."""
-    from opdgrpo.microbatch import repack
+    from opdgrpo.train.microbatch import repack
 
     shards = [_shard(*_rows(s, 8), first=8 * s) for s in range(2)]
     advantages = {id(s): torch.arange(8, dtype=torch.float32) + 100 * i for i, s in enumerate(shards)}
@@ -159,9 +160,9 @@ def test_repacked_rows_have_the_same_log_probs():
     """A row's response log-probs do not depend on the rows packed with it (padding is masked, positions kept)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from opdgrpo.losses import token_logprobs
-    from opdgrpo.microbatch import repack
-    from opdgrpo.objectives import position_ids
+    from opdgrpo.train.losses import token_logprobs
+    from opdgrpo.train.microbatch import repack
+    from opdgrpo.train.objectives import position_ids
 
     torch.manual_seed(0)
     config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,

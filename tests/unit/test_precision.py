@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opdgrpo import numerics, precision
-from opdgrpo.models import autocast
+from opdgrpo.train import numerics, precision
+from opdgrpo.train.models import autocast
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
 """``source: random``: a weightless hub-format directory whose loaders draw the same weights from its seed
-(opdgrpo.hub_models.build_random, opdgrpo.models.load_model)."""
+(opdgrpo.stages.hub_models.build_random, opdgrpo.train.models.load_model)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from opdgrpo.config import compose
-from opdgrpo.hub_models import build_random
-from opdgrpo.models import RANDOM_INIT, is_random, load_model, parameter_count
-from opdgrpo.tokenizer import build_tokenizer, save_tokenizer
+from opdgrpo.stages.hub_models import build_random
+from opdgrpo.train.models import RANDOM_INIT, is_random, load_model, parameter_count
+from opdgrpo.train.tokenizer import build_tokenizer, save_tokenizer
 
 ARCH = {"source": "random", "seed": 7, "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "dtype": "bfloat16",
         "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,

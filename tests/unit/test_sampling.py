@@ -5,8 +5,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from opdgrpo import flops
-from opdgrpo.sampling import Rollouts, sample
+from opdgrpo.train import flops
+from opdgrpo.train.sampling import Rollouts, sample
 
 PAD, EOS = 0, 1
 SHAPES = {

@@ -74,7 +74,7 @@ def processes_per_run():
 
 
 # A training run with several processes starts them with torchrun inside its allocation (one node, a free port
-# per job); they share the run through torch.distributed (opdgrpo.distributed). `--config launch_cmd=...` replaces it.
+# per job); they share the run through torch.distributed (opdgrpo.train.distributed). `--config launch_cmd=...` replaces it.
 TRAIN_PROCS = processes_per_run()
 TRAIN_CMD = (
     OPDGRPO

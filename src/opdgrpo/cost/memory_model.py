@@ -109,6 +109,6 @@ def kv_cache_bytes(s: Shape, rows: int, tokens: int, dtype_bytes: int = 2) -> fl
 
 
 def logit_chunk_bytes(s: Shape, chunk_tokens: int, copies: int = 3) -> float:
-    """Full-vocabulary float32 logits of ``copies`` chunks of positions at once (:mod:`opdgrpo.logit_chunks`: a
+    """Full-vocabulary float32 logits of ``copies`` chunks of positions at once (:mod:`opdgrpo.train.logit_chunks`: a
     chunk's logits, its log-softmax, and the gradient of one in the recomputing backward)."""
     return copies * chunk_tokens * s.vocab * 4

@@ -1,11 +1,11 @@
 """The cost model: every planned run's training FLOPs, predicted from the config before anything runs.
 
-The FLOP ledger (:mod:`opdgrpo.flops`, written by :mod:`opdgrpo.train`) counts what a run computed; this module
+The FLOP ledger (:mod:`opdgrpo.train.flops`, written by :mod:`opdgrpo.train.loop`) counts what a run computed; this module
 predicts the same numbers from the plan and a few assumed lengths, with the ledger's own formulas, so a profile's
 compute (the paper's EFLOP figures) can be sized before it is spent. Per step of a run it predicts, like the ledger:
 
 * ``rollout``: the sampler's prefill over the left-padded prompt block, then one cached decode step per generated
-  token for the rows still running (:mod:`opdgrpo.sampling` drops a row from the batch once it emits EOS);
+  token for the rows still running (:mod:`opdgrpo.train.sampling` drops a row from the batch once it emits EOS);
 * ``train``: the student's forward + backward over the whole padded batch (prompt block + every decode position),
   once per pass over the batch (GRPO's ``updates_per_batch``; mini-batches split a pass, they do not add to it);
 * ``old_policy`` (GRPO with more than one update per batch): one gradient-free forward of the student over that batch;
@@ -25,10 +25,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
 
-from opdgrpo import flops as flop_formulas
 from opdgrpo.config import ConfigError
 from opdgrpo.plan.studies import REGISTRY
 from opdgrpo.run_shape import RunShape
+from opdgrpo.train import flops as flop_formulas
 
 UNITS = {"FLOP": 1.0, "GFLOP": 1e9, "TFLOP": 1e12, "PFLOP": 1e15, "EFLOP": 1e18}
 COMPONENTS = ("rollout", "train", "old_policy", "reference", "teacher")
@@ -172,9 +172,9 @@ def decode_flops(config: Any, rows: float, prompt_block: float, generated: float
     """Cached decode FLOPs of ``rows`` rows generating ``generated`` tokens each after a ``prompt_block`` prompt block.
 
     The first token comes from the prefill; token ``s + 1`` is one decode step against ``prompt_block + s``
-    positions (:func:`opdgrpo.flops.decode_step_flops`), for s = 1 .. generated - 1. The sum is closed-form
-    (:func:`opdgrpo.flops.decode_steps_flops`, piecewise in the context where layers have a sliding window):
-    exact for integer lengths (it equals :func:`opdgrpo.flops.generate_flops` minus the prefill) and the same
+    positions (:func:`opdgrpo.train.flops.decode_step_flops`), for s = 1 .. generated - 1. The sum is closed-form
+    (:func:`opdgrpo.train.flops.decode_steps_flops`, piecewise in the context where layers have a sliding window):
+    exact for integer lengths (it equals :func:`opdgrpo.train.flops.generate_flops` minus the prefill) and the same
     polynomial between them, at any length in O(1).
     """
     return flop_formulas.decode_steps_flops(config, rows, prompt_block, max(0.0, generated - 1.0))
@@ -183,7 +183,7 @@ def decode_flops(config: Any, rows: float, prompt_block: float, generated: float
 def step_flops(student: Any, rows: Mapping[str, int], lengths: Mapping[str, Lengths], max_new_tokens: float,
                teachers: Mapping[str, Any] | None = None, passes: Mapping[str, Any] | None = None,
                packed: bool = False) -> dict[str, float]:
-    """Predicted FLOPs of one training step, by component, as :func:`opdgrpo.train.train` books them.
+    """Predicted FLOPs of one training step, by component, as :func:`opdgrpo.train.loop.train` books them.
 
     ``rows``: sequences per domain in the step's batch; ``lengths``: each domain's lengths; ``teachers``: the
     teacher architecture per domain (OPD) or None (GRPO); ``passes`` (:func:`method_passes`): the training passes
@@ -272,9 +272,9 @@ def _pool_sizes(domains: Mapping[str, Any], names: Sequence[str], cache: dict[st
 
 
 def rows_per_domain(run_cfg: Mapping[str, Any], pool_cache: dict[str, int] | None = None) -> dict[str, int]:
-    """Sequences per step by domain: the trainer's own prompt split (:func:`opdgrpo.batching.domain_counts`) times the
+    """Sequences per step by domain: the trainer's own prompt split (:func:`opdgrpo.train.batching.domain_counts`) times the
     samples per prompt (GRPO's group size, OPD's rollouts per prompt)."""
-    from opdgrpo.batching import domain_counts
+    from opdgrpo.train.batching import domain_counts
 
     shape = RunShape.of(run_cfg)
     names = list(run_cfg["train_domains"])

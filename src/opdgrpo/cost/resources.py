@@ -146,7 +146,7 @@ def _train_static(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape,
     n = params(student)
     unit = root_params(student) + 2 * layer_params(student)
     # FSDP: the master shard, the root unit and two layers gathered, and, under the hf sampler, the full replica the
-    # student samples with in the gathered dtype (opdgrpo.fsdp.sampling_replica; refreshed from the shards before
+    # student samples with in the gathered dtype (opdgrpo.train.fsdp.sampling_replica; refreshed from the shards before
     # each sampling). A vLLM engine syncs from the shards a parameter at a time: no replica.
     replica = n if str(t.get("engine") or "hf") != "vllm" else 0
     static = {"weights": master * n / shards + (gathered * (unit + replica) if sharded else 0.0),
@@ -174,7 +174,7 @@ def _train_row(cfg: Mapping[str, Any], rc: Mapping[str, Any]) -> int:
 
 
 def max_model_len(settings: Mapping[str, Any], row: int) -> int:
-    """The engine's ``max_model_len`` as :func:`opdgrpo.engines.vllm_engine.engine_args` sets it: the key where it
+    """The engine's ``max_model_len`` as :func:`opdgrpo.train.engines.vllm_engine.engine_args` sets it: the key where it
     is set (it may only raise it), else the job's longest row (here the cost model's padded prompt, an upper bound
     the engine replaces with the job's real longest prompt)."""
     return max(int(settings.get("max_model_len") or 0), int(row))
@@ -235,7 +235,7 @@ def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw
     est.host = world * max([_bytes(t.get("param_dtype")) * params(student)]
                            + [_bytes(t.get("teacher_dtype")) * params(s) for s in teachers])
     # on resume every process first reads the checkpoint's trainer state (the full optimizer state, one process's
-    # layout: opdgrpo.checkpoint.resume_point) and holds it while the models load, until the optimizer takes it
+    # layout: opdgrpo.train.checkpoint.resume_point) and holds it while the models load, until the optimizer takes it
     est.host_resume = est.host + world * ADAM_STATE_BYTES * params(student)
     if hw:
         rollout, rest = _train_hours(cfg, job, jobs, hw, world, bool(rc["train"].get("activation_checkpointing")))

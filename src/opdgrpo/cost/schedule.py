@@ -16,7 +16,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Mapping
 
-from opdgrpo import flops as flop_formulas
+from opdgrpo.train import flops as flop_formulas
 
 #: FLOP/s of a tiny job on one core (fitted to the tiny DAG's job times, issue 7): pretraining, post-training steps
 #: (rollout + forward/backward + teacher forwards) and evaluation sampling.

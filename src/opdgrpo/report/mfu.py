@@ -2,7 +2,7 @@
 
 A run's achieved FLOP/s is its training FLOPs (rollouts, training passes, teacher forwards: the ledger's
 ``step_flops``) over the wall time of its steps (evaluation and checkpoints excluded); MFU divides that by the
-matrix-multiply peak the job measured on its own device before its first step (:mod:`opdgrpo.peak`), times the
+matrix-multiply peak the job measured on its own device before its first step (:mod:`opdgrpo.train.peak`), times the
 number of processes that shared the run. A run finished before ``done.json`` had these fields gets its achieved
 FLOP/s from its ledger (``step_flops`` and ``wall_s``) and ``n/a`` for the peak and MFU.
 """

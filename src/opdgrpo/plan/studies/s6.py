@@ -23,7 +23,7 @@ paper claim of its own.
 * **distill_budgets** (optional, steps): the distillation budget, the knob issue 18's probe found binding. Each
   cell's distillation runs the largest budget once and the savings are read again with its curve cut at each smaller
   one. That reading is what a run of that many steps records: every random draw of a run is seeded by (seed, step)
-  (:mod:`opdgrpo.batching`), the learning rate has no decay (warm-up only), and each smaller budget must be an
+  (:mod:`opdgrpo.train.batching`), the learning rate has no decay (warm-up only), and each smaller budget must be an
   evaluation point (a multiple of ``train.eval_every``), so the cut curve ends where the shorter run's would.
 """
 

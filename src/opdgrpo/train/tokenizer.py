@@ -21,8 +21,8 @@ from typing import Any, Iterable, Mapping
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from .domains import build_domain
-from .domains.hub import HubDomain
+from opdgrpo.domains import build_domain
+from opdgrpo.domains.hub import HubDomain
 
 PAD, EOS, UNK = "<|pad|>", "<|endoftext|>", "<|unk|>"
 #: Qwen3's chat turn delimiters, added by ``tokenizer.chat``.

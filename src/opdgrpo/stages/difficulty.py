@@ -27,17 +27,17 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from . import numerics
-from .domains import Domain, Task, build_domain
-from .engines import checkpoint_engine
-from .evaluation import batch_bounds
-from .models import autocast, load_model
-from .precision import resolve as resolve_precision
-from .progress import Progress
-from .rollout import PromptFormat, sample_and_score
-from .runio import write_json, write_yaml
-from .subsets import bin_by_rates
-from .tokenizer import load_tokenizer
+from opdgrpo.domains import Domain, Task, build_domain
+from opdgrpo.progress import Progress
+from opdgrpo.runio import write_json, write_yaml
+from opdgrpo.subsets import bin_by_rates
+from opdgrpo.train import numerics
+from opdgrpo.train.engines import checkpoint_engine
+from opdgrpo.train.evaluation import batch_bounds
+from opdgrpo.train.models import autocast, load_model
+from opdgrpo.train.precision import resolve as resolve_precision
+from opdgrpo.train.rollout import PromptFormat, sample_and_score
+from opdgrpo.train.tokenizer import load_tokenizer
 
 
 @torch.no_grad()
@@ -47,9 +47,9 @@ def solve_rates(model, tokenizer, domain: Domain, tasks: Sequence[Task], *, k: i
                 max_batch_tokens: int | None = None, engine=None) -> tuple[list[float], float]:
     """Per task, the share of ``k`` sampled completions the verifier rewards; plus the sampling FLOPs.
     ``progress``: a line in the job's log per batch sampled. ``max_batch_tokens`` (``studies.S2.max_batch_tokens``):
-    each batch's KV-cache budget, as in evaluation (:func:`opdgrpo.evaluation.batch_bounds`); the sampled answers
+    each batch's KV-cache budget, as in evaluation (:func:`opdgrpo.train.evaluation.batch_bounds`); the sampled answers
     depend on the batching (one generator draws for every batch), their distribution does not. ``engine``: what
-    samples (:mod:`opdgrpo.engines`, holding ``model``'s weights); None: the project's sampler on ``model``. An
+    samples (:mod:`opdgrpo.train.engines`, holding ``model``'s weights); None: the project's sampler on ``model``. An
     engine that schedules its own batches (vLLM) gets all ``len(tasks) x k`` rows in one call."""
     model.eval()
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)

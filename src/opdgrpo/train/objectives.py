@@ -1,6 +1,6 @@
 """What each method trains on a shard of rollouts: GRPO's clipped policy gradient or OPD's top-k reverse KL.
 
-Our own code, because the two objectives are the paper's subject (the loss arithmetic is in :mod:`opdgrpo.losses`).
+Our own code, because the two objectives are the paper's subject (the loss arithmetic is in :mod:`opdgrpo.train.losses`).
 The trainer picks one objective per run (:func:`build_objective`) and calls the same methods every shard, so
 the training loop has no branch on the method: ``loss(logits, shard, normalizer, check, flops)`` returns the loss
 and its metrics and adds what it computed beyond the student's passes to the step's ``flops`` (OPD's teacher
@@ -21,14 +21,14 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from . import flops as flop_formulas
-from .domains import Task
-from .inference import FrozenForward
-from .logit_chunks import Reduce
-from .losses import group_advantages, grpo_loss, student_topk, token_logprobs, topk_reverse_kl_from_topk
-from .models import autocast
-from .rollout import ScoredRollouts
-from .run_shape import DEFAULT_CHUNK_TOKENS
+from opdgrpo.domains import Task
+from opdgrpo.run_shape import DEFAULT_CHUNK_TOKENS
+from opdgrpo.train import flops as flop_formulas
+from opdgrpo.train.inference import FrozenForward
+from opdgrpo.train.logit_chunks import Reduce
+from opdgrpo.train.losses import group_advantages, grpo_loss, student_topk, token_logprobs, topk_reverse_kl_from_topk
+from opdgrpo.train.models import autocast
+from opdgrpo.train.rollout import ScoredRollouts
 
 #: ``check(tensor, component, label) -> tensor``: the trainer's guard (see the module docstring).
 Check = Callable[[torch.Tensor, str, str], torch.Tensor]
@@ -49,7 +49,7 @@ class Shard:
     old_logprobs: torch.Tensor | None = field(default=None, repr=False)   # the sampling policy's (B, T)
     ref_logprobs: torch.Tensor | None = field(default=None, repr=False)   # the reference model's (B, T)
     #: GRPO's per-row advantages, when the rows were repacked from the sampled shards that held their groups
-    #: (train.max_tokens_per_microbatch, :mod:`opdgrpo.microbatch`); None: computed from this shard's own groups
+    #: (train.max_tokens_per_microbatch, :mod:`opdgrpo.train.microbatch`); None: computed from this shard's own groups
     advantages: torch.Tensor | None = field(default=None, repr=False)
 
     @property
@@ -95,7 +95,7 @@ class Objective(Protocol):
 
     def student_reduce(self, shard: Shard, check: Check) -> tuple[Reduce, tuple[torch.Tensor, ...]]:
         """What the loss reads of the student's logits, per position (``reduce(logits, *extras)``, with the shard's
-        per-position ``extras``), for :func:`opdgrpo.logit_chunks.reduce_response`; ``check`` sees every chunk's
+        per-position ``extras``), for :func:`opdgrpo.train.logit_chunks.reduce_response`; ``check`` sees every chunk's
         logits (component ``student_logits``)."""
 
     def loss_from(self, reduced: tuple[torch.Tensor, ...], shard: Shard, normalizer: float | None, check: Check,
@@ -105,7 +105,7 @@ class Objective(Protocol):
 
 
 class GRPOObjective:
-    """Group-relative advantages of verifiable rewards, PPO-clipped surrogate (:func:`~opdgrpo.losses.grpo_loss`).
+    """Group-relative advantages of verifiable rewards, PPO-clipped surrogate (:func:`~opdgrpo.train.losses.grpo_loss`).
 
     Log-probs are those of the sampling distribution: logits divided by ``temperature`` (``train.temperature``)
     before the log-softmax, for the current policy, the old policy and the reference alike. The old policy's are
@@ -163,12 +163,12 @@ class GRPOObjective:
 
 class OPDObjective:
     """Each prompt's domain teacher scores every token the student wrote; top-k reverse KL to it
-    (:func:`~opdgrpo.losses.topk_reverse_kl`). Teachers are frozen and forwarded without gradients.
+    (:func:`~opdgrpo.train.losses.topk_reverse_kl`). Teachers are frozen and forwarded without gradients.
 
     Only the teacher's logits at the student's top-k ids are kept: its decoder runs over the shard's rows of its
-    domain, and its LM head over ``chunk_tokens`` positions at a time (:mod:`opdgrpo.logit_chunks`), so no
+    domain, and its LM head over ``chunk_tokens`` positions at a time (:mod:`opdgrpo.train.logit_chunks`), so no
     full-vocabulary teacher tensor of a whole shard exists (it was ``B x T x V`` in float32, plus the bfloat16 one).
-    Under FSDP (:meth:`opdgrpo.distributed.Workers.prepare_frozen`) a teacher is sharded like the student, and its
+    Under FSDP (:meth:`opdgrpo.train.distributed.Workers.prepare_frozen`) a teacher is sharded like the student, and its
     forward is a collective: every process forwards every teacher for every shard, a one-row stand-in where its
     shard has no row of that domain."""
 
@@ -239,7 +239,7 @@ class OPDObjective:
                 def reduce(logits: torch.Tensor, ids: torch.Tensor, label: str = label) -> tuple[torch.Tensor]:
                     return (check(logits[..., :vocab], "teacher_logits", label).gather(-1, ids),)
 
-                # bit for bit the teacher's own eager forward, fewer copies and casts (opdgrpo.inference)
+                # bit for bit the teacher's own eager forward, fewer copies and casts (opdgrpo.train.inference)
                 (picked,) = forward.reduced(seqs[rows], attn[rows], position_ids(attn[rows]), keep, reduce,
                                             (top_ids[rows],), self.chunk_tokens)
                 flops["teacher"] += flop_formulas.forward_flops(teacher.config, len(rows), seqs.shape[1], logits_positions=keep)

@@ -10,9 +10,9 @@ on-policy training needs; ``temperature=0`` is greedy decoding.
 
 The loop never recomputes a prefix (each decode step feeds one token per running row against the cache) and stops
 as soon as every row has ended. Each forward takes the fastest path that gives the model's own eager-forward bits on
-this machine (:func:`~opdgrpo.inference.choose_path`, checked once per process): :class:`~opdgrpo.inference.LeanQwen3`
+this machine (:func:`~opdgrpo.train.inference.choose_path`, checked once per process): :class:`~opdgrpo.train.inference.LeanQwen3`
 under bfloat16 autocast (Qwen3's own operations without the module machinery), the model's forward with a
-:func:`~opdgrpo.inference.sampling_cache` and :func:`~opdgrpo.inference.fast_attention`, or the model's forward as is.
+:func:`~opdgrpo.train.inference.sampling_cache` and :func:`~opdgrpo.train.inference.fast_attention`, or the model's forward as is.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
-from opdgrpo import flops as flop_formulas
-from opdgrpo.inference import FAST, LEAN, LeanQwen3, cache_kwarg, choose_path, fast_attention, sampling_cache
+from opdgrpo.train import flops as flop_formulas
+from opdgrpo.train.inference import FAST, LEAN, LeanQwen3, cache_kwarg, choose_path, fast_attention, sampling_cache
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Rollouts:
     flops: float  # FLOPs computed: prefill + every decode step (padding included)
     tokens_computed: int  # token positions pushed through the model (padding included)
     # (B, T): the sampling engine's own log-prob of each generated token (0 elsewhere), where the engine reports them
-    # (vLLM: opdgrpo.engines); None from this module's sampler, whose log-probs the trainer recomputes anyway
+    # (vLLM: opdgrpo.train.engines); None from this module's sampler, whose log-probs the trainer recomputes anyway
     logprobs: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> "Rollouts":
@@ -118,8 +118,8 @@ def sample(
 
 
 class _Stepper:
-    """One forward per call against a KV cache, by the path :func:`~opdgrpo.inference.choose_path` found exact:
-    :class:`~opdgrpo.inference.LeanQwen3` (the tiny profile's rollouts), the model with a :func:`sampling_cache`
+    """One forward per call against a KV cache, by the path :func:`~opdgrpo.train.inference.choose_path` found exact:
+    :class:`~opdgrpo.train.inference.LeanQwen3` (the tiny profile's rollouts), the model with a :func:`sampling_cache`
     (under :func:`fast_attention`), or the model with a plain ``DynamicCache``."""
 
     def __init__(self, model: torch.nn.Module, path: str):

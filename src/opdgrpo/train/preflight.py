@@ -17,9 +17,9 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import schema, tracking
-from .domains import build_domain, heldout_overlap
-from .subsets import load_subset
+from opdgrpo import schema, tracking
+from opdgrpo.domains import build_domain, heldout_overlap
+from opdgrpo.subsets import load_subset
 
 LOCK_FILE = ".lock"
 
@@ -120,7 +120,7 @@ def check_engine_installed(engine: str | None) -> None:
     import importlib.util
 
     if engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        from .engines.vllm_engine import INSTALL_HINT
+        from opdgrpo.train.engines.vllm_engine import INSTALL_HINT
 
         raise ImportError(INSTALL_HINT)
 

@@ -10,7 +10,7 @@ code at every scale. Nothing here counts as post-training compute.
 ``source: random`` (the rehearsal profile and the GPU pilot) stands in for a hub checkpoint where none can be
 downloaded: the base job writes a weightless hub-format directory (config, tokenizer, seed) from the block's
 architecture keys, and links and evaluates it like a hub snapshot; every loader draws the weights from the seed
-(:func:`opdgrpo.models.load_model`), and an engine that only samples it starts on vLLM's own random weights.
+(:func:`opdgrpo.train.models.load_model`), and an engine that only samples it starts on vLLM's own random weights.
 """
 
 from __future__ import annotations
@@ -73,16 +73,16 @@ def link_checkpoint(target: Path, out_dir: Path) -> Path:
 
 def build_random(model_cfg: Mapping[str, Any], name: str, tokenizer_dir: Path, out_dir: Path) -> Path:
     """A ``source: random`` model as a weightless hub-format directory ``out_dir/random-init``: its config (dtype:
-    the block's), generation config, the run's tokenizer and its seed (:data:`opdgrpo.models.RANDOM_INIT`). Whoever
-    loads it draws the weights on its own device (:func:`opdgrpo.models.load_model`), so a 32B-shaped model costs no
+    the block's), generation config, the run's tokenizer and its seed (:data:`opdgrpo.train.models.RANDOM_INIT`). Whoever
+    loads it draws the weights on its own device (:func:`opdgrpo.train.models.load_model`), so a 32B-shaped model costs no
     disk and no copy; a rerun writes the same files."""
     import shutil
 
     from transformers import GenerationConfig
 
-    from .models import RANDOM_INIT, qwen3_config
-    from .runio import write_json
-    from .tokenizer import load_tokenizer
+    from opdgrpo.runio import write_json
+    from opdgrpo.train.models import RANDOM_INIT, qwen3_config
+    from opdgrpo.train.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
     rows = int(model_cfg["vocab_size"])
@@ -98,7 +98,7 @@ def build_random(model_cfg: Mapping[str, Any], name: str, tokenizer_dir: Path, o
     GenerationConfig(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                      bos_token_id=tokenizer.eos_token_id).save_pretrained(target)
     tokenizer.save_pretrained(target)
-    write_json(target / RANDOM_INIT, {"seed": int(model_cfg["seed"]), "weights": "drawn by the loader (opdgrpo.models."
+    write_json(target / RANDOM_INIT, {"seed": int(model_cfg["seed"]), "weights": "drawn by the loader (opdgrpo.train.models."
                                       "draw_weights): N(0, initializer_range) per matrix, RMSNorm gains 1"})
     return target.resolve()
 
@@ -106,15 +106,15 @@ def build_random(model_cfg: Mapping[str, Any], name: str, tokenizer_dir: Path, o
 def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """The base job of a ``source: hub`` model (resolve) or a ``source: random`` one (build): link, evaluate
     held-out accuracy (not counted)."""
-    from . import numerics
-    from .domains import build_domain
-    from .engines import checkpoint_engine
-    from .evaluation import evaluate, heldout_for
-    from .models import autocast, is_random, load_model, parameter_count
-    from .precision import resolve as resolve_precision
-    from .rollout import PromptFormat
-    from .runio import rewrite_jsonl, write_json, write_yaml
-    from .tokenizer import load_tokenizer
+    from opdgrpo.domains import build_domain
+    from opdgrpo.runio import rewrite_jsonl, write_json, write_yaml
+    from opdgrpo.train import numerics
+    from opdgrpo.train.engines import checkpoint_engine
+    from opdgrpo.train.evaluation import evaluate, heldout_for
+    from opdgrpo.train.models import autocast, is_random, load_model, parameter_count
+    from opdgrpo.train.precision import resolve as resolve_precision
+    from opdgrpo.train.rollout import PromptFormat
+    from opdgrpo.train.tokenizer import load_tokenizer
 
     started = time.time()
     torch.set_num_threads(int(cfg["threads"]))

@@ -1,13 +1,13 @@
-"""Sampling engines: what turns prompts' token ids into :class:`~opdgrpo.sampling.Rollouts` (``train.engine``).
+"""Sampling engines: what turns prompts' token ids into :class:`~opdgrpo.train.sampling.Rollouts` (``train.engine``).
 
 Every place that samples (training rollouts, held-out evaluation, the base-model evaluation, S2's difficulty job)
-calls an engine through :func:`opdgrpo.rollout.sample_and_score`, so the choice is made once, in config:
+calls an engine through :func:`opdgrpo.train.rollout.sample_and_score`, so the choice is made once, in config:
 
-- ``hf``: the project's own KV-cache loop (:func:`opdgrpo.sampling.sample`) on the trainer's model itself; the
+- ``hf``: the project's own KV-cache loop (:func:`opdgrpo.train.sampling.sample`) on the trainer's model itself; the
   tiny and smoke profiles use it (their results stay byte-identical to what they were before engines existed).
 - ``vllm``: a vLLM ``LLM`` in the same process, colocated with the trainer (TRL's ``vllm_mode="colocate"``, verl's
   hybrid engine). It is built once from a saved copy of the model and then gets the trainer's weights in memory
-  after each optimiser step (:meth:`~opdgrpo.engines.vllm_engine.VLLMEngine.sync`); see that module.
+  after each optimiser step (:meth:`~opdgrpo.train.engines.vllm_engine.VLLMEngine.sync`); see that module.
 
 Both return the same structure, with the engine's own per-token log-probs where it has them (vLLM): the trainer
 always recomputes the log-probs it trains on, and uses the engine's only for the mismatch statistic and the
@@ -22,12 +22,12 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import torch
 
-from .. import schema
-from ..sampling import Rollouts, sample
+from opdgrpo import schema
+from opdgrpo.train.sampling import Rollouts, sample
 
 
 class Engine(Protocol):
-    """What the rollout and evaluation code calls; :func:`opdgrpo.sampling.sample`'s keywords, minus the model."""
+    """What the rollout and evaluation code calls; :func:`opdgrpo.train.sampling.sample`'s keywords, minus the model."""
 
     name: str
     #: True: the engine schedules its own batches (vLLM, by its KV-cache budget), so evaluation and S2's difficulty
@@ -46,7 +46,7 @@ class Engine(Protocol):
 
 
 class HFEngine:
-    """The project's own sampler on the model itself: :func:`opdgrpo.sampling.sample`, unchanged."""
+    """The project's own sampler on the model itself: :func:`opdgrpo.train.sampling.sample`, unchanged."""
 
     name = "hf"
     schedules_batches = False
@@ -67,7 +67,7 @@ class HFEngine:
 def longest_row(tokenizer, tasks: Sequence[Any], fmt: Any, max_new_tokens: int) -> int:
     """The longest row a job can sample: its longest prompt as the sampler encodes it, plus ``max_new_tokens``
     (a vLLM engine's ``max_model_len``)."""
-    from ..rollout import encode_prompts
+    from opdgrpo.train.rollout import encode_prompts
 
     unique = list({t.prompt: t for t in tasks}.values())
     return max((len(ids) for ids in encode_prompts(tokenizer, unique, fmt)), default=0) + int(max_new_tokens)
@@ -82,7 +82,7 @@ def build_engine(name: str, model: torch.nn.Module, tokenizer, *, scratch: Path 
         return HFEngine(model)
     if name != "vllm":
         raise ValueError(f"config key `train.engine`: must be one of {list(schema.allowed('train', 'engine'))}, got {name!r}")
-    from .vllm_engine import VLLMEngine
+    from opdgrpo.train.engines.vllm_engine import VLLMEngine
 
     if scratch is None:
         raise ValueError("train.engine vllm needs a scratch directory for the model's config and tokenizer")
@@ -106,8 +106,8 @@ def checkpoint_engine(cfg: Mapping[str, Any], path: str | Path, model: torch.nn.
         return
     if name != "vllm":
         raise ValueError(f"config key `train.engine`: must be one of {list(schema.allowed('train', 'engine'))}, got {name!r}")
-    from ..models import is_random
-    from .vllm_engine import VLLMEngine
+    from opdgrpo.train.engines.vllm_engine import VLLMEngine
+    from opdgrpo.train.models import is_random
 
     max_len = longest_row(tokenizer, tasks, fmt, max_new_tokens)
     device = next(model.parameters()).device

@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 import random
 
-from . import schema
-from .domains import Task
+from opdgrpo import schema
+from opdgrpo.domains import Task
 
 #: Shard ``s`` of step ``t`` samples with ``seed * SEED_STRIDE + t + s * SHARD_STRIDE``, so shard 0 keeps the seed a
 #: one-shard step always had; large primes keep the streams of different runs, steps and shards apart.

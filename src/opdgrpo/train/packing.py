@@ -19,9 +19,9 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
-from .run_shape import check_budget
+from opdgrpo.run_shape import check_budget
 
-log = logging.getLogger("opdgrpo.packing")
+log = logging.getLogger("opdgrpo.train.packing")
 _warned: set[str] = set()
 
 

@@ -39,8 +39,8 @@ from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb, eager_attention_forward
 
-from opdgrpo import numerics
-from opdgrpo.logit_chunks import Reduce, reduce_response, reducing_head
+from opdgrpo.train import numerics
+from opdgrpo.train.logit_chunks import Reduce, reduce_response, reducing_head
 
 #: The attention implementation name :func:`fast_attention` switches a model to while it runs without gradients.
 NAME = "opdgrpo_eager"
@@ -260,7 +260,7 @@ class FrozenForward:
 
     def reduced(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 logits_to_keep: int, reduce: Reduce, extras: Sequence[torch.Tensor], chunk: int) -> tuple[torch.Tensor, ...]:
-        """:func:`~opdgrpo.logit_chunks.reduce_response` over the logits this forward would return: the decoder on
+        """:func:`~opdgrpo.train.logit_chunks.reduce_response` over the logits this forward would return: the decoder on
         the whole batch, the LM head ``chunk`` positions at a time, each chunk reduced by ``reduce`` (same bits as
         reducing :meth:`__call__`'s logits; a sharded model's root weights are resharded afterwards)."""
         def run(hidden: torch.Tensor, head) -> tuple[torch.Tensor, ...]:
@@ -303,7 +303,7 @@ def cache_kwarg(model: torch.nn.Module) -> str:
 # --------------------------------------------------------------------------------------------------------------------
 # Which path is exact on this machine: checked once per process, never assumed (issue 16: the folded multiply that
 # was exact on an AMD EPYC differed in the last bits on an Intel Xeon with AMX). Decisions go to done.json through
-# opdgrpo.numerics.
+# opdgrpo.train.numerics.
 
 LEAN, FAST, REFERENCE = "lean", "fast", "reference"
 #: Per head layout (heads, kv_heads, head_dim, device, threads) and mode: whether the fold passed the sweep.

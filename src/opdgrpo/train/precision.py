@@ -15,7 +15,7 @@ default, is resolved once per process, at job start, by :func:`resolve`:
   ``fp32`` explicitly to pin it.
 
 The decision (and its measurement) goes into ``done.json`` beside the numerics fingerprint
-(:func:`opdgrpo.numerics.report`). A run's config keeps ``auto``, so moving a results folder between machines reruns
+(:func:`opdgrpo.train.numerics.report`). A run's config keeps ``auto``, so moving a results folder between machines reruns
 nothing; the verdicts are what should travel (docs/speed.md, "Precision per machine").
 """
 
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from . import schema
+from opdgrpo import schema
 
 #: bf16 must beat float32 by this factor to be chosen (a speed-up smaller than this is within job-to-job noise).
 MARGIN = 1.25

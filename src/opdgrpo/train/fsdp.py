@@ -24,7 +24,7 @@ collective inside ``generate``. The replica costs ``param_dtype`` bytes per para
 an inference engine that holds its own copy would replace it. Checkpoints: the full model and optimizer state,
 gathered onto the main process's CPU (:func:`full_model_state`, :func:`full_optimizer_state`).
 
-Activation checkpointing (``train.activation_checkpointing``, :func:`opdgrpo.models.enable_activation_checkpointing`)
+Activation checkpointing (``train.activation_checkpointing``, :func:`opdgrpo.train.models.enable_activation_checkpointing`)
 wraps each decoder layer's ``forward`` inside FSDP's hooks: the layer's weights, gathered again for its backward,
 serve the recompute too (tests/integration/fsdp_worker.py counts the recomputes).
 """
@@ -41,7 +41,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from .precision import resolve as resolve_precision
+from opdgrpo.train.precision import resolve as resolve_precision
 
 #: Full states, gathered one tensor at a time onto the main process's CPU (the others get empty dicts).
 FULL_ON_MAIN = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -58,7 +58,7 @@ class Policy:
     @classmethod
     def from_config(cls, train: Mapping[str, Any], device: torch.device | str = "cpu") -> "Policy":
         """``train.fsdp``; an unset ``param_dtype`` follows ``train.precision`` (bf16: bfloat16, fp32: float32; auto:
-        as it resolves on this process's device, :mod:`opdgrpo.precision`)."""
+        as it resolves on this process's device, :mod:`opdgrpo.train.precision`)."""
         block = train.get("fsdp") or {}
         precision = str(train.get("precision", "fp32"))
         if precision == "auto":

@@ -17,18 +17,18 @@ from typing import Any
 
 import torch
 
-from . import flops as flop_formulas
-from . import numerics
-from .domains import build_domain
-from .engines import checkpoint_engine
-from .evaluation import evaluate, heldout_for
-from .models import autocast, build_model, parameter_count
-from .peak import run_peak
-from .precision import resolve as resolve_precision
-from .progress import Progress, clock
-from .rollout import PromptFormat
-from .runio import append_jsonl, rewrite_jsonl, write_json, write_yaml
-from .tokenizer import load_tokenizer
+from opdgrpo.domains import build_domain
+from opdgrpo.progress import Progress, clock
+from opdgrpo.runio import append_jsonl, rewrite_jsonl, write_json, write_yaml
+from opdgrpo.train import flops as flop_formulas
+from opdgrpo.train import numerics
+from opdgrpo.train.engines import checkpoint_engine
+from opdgrpo.train.evaluation import evaluate, heldout_for
+from opdgrpo.train.models import autocast, build_model, parameter_count
+from opdgrpo.train.peak import run_peak
+from opdgrpo.train.precision import resolve as resolve_precision
+from opdgrpo.train.rollout import PromptFormat
+from opdgrpo.train.tokenizer import load_tokenizer
 
 
 def lr_at(step: int, total: int, warmup: int, min_ratio: float) -> float:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .precision import check as check_precision
+from opdgrpo.train.precision import check as check_precision
 
 #: Matrix size per device type: large enough for the library's best kernel, small enough to stay cheap.
 SIZES = {"cpu": 512, "cuda": 8192}
@@ -31,7 +31,7 @@ def matmul_dtype(precision: str, param_dtype: torch.dtype = torch.float32) -> to
     """The dtype a run's matrix multiplies run in: bfloat16 under bf16 autocast or with bfloat16 weights
     (``precision`` resolved: ``bf16`` or ``fp32``)."""
     if check_precision(precision) == "auto":
-        raise ValueError("resolve `train.precision: auto` first (opdgrpo.precision.resolve)")
+        raise ValueError("resolve `train.precision: auto` first (opdgrpo.train.precision.resolve)")
     return torch.bfloat16 if precision == "bf16" or param_dtype == torch.bfloat16 else torch.float32
 
 

@@ -20,14 +20,14 @@ from typing import Any
 
 import torch
 
-from . import faults
-from .job_identity import RUNTIME_KEYS
+from opdgrpo.job_identity import RUNTIME_KEYS
+from opdgrpo.train import faults
 
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "manifest.json"
 CANDIDATES = ("checkpoint", "checkpoint.old")
 
-log = logging.getLogger("opdgrpo.checkpoint")
+log = logging.getLogger("opdgrpo.train.checkpoint")
 
 
 class CorruptCheckpoint(RuntimeError):

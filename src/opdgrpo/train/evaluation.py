@@ -7,7 +7,7 @@ With several processes the sampling batches are dealt round-robin, each batch wi
 (seed, batch index), and the results gathered: every process returns the same numbers. One process keeps one
 generator across batches, as it always did.
 
-Batches are ``batch_size`` rows, or (``max_batch_tokens``, :func:`opdgrpo.packing.token_batches`) as many
+Batches are ``batch_size`` rows, or (``max_batch_tokens``, :func:`opdgrpo.train.packing.token_batches`) as many
 consecutive rows as keep ``rows x (longest prompt + max_new_tokens)`` KV-cache positions within the budget. Greedy
 results (temperature 0) do not depend on the batching; sampled ones do, as a generator's draws depend on the batch
 shapes it samples: a given batching is reproducible, and another one samples other (equally distributed) answers.
@@ -21,9 +21,9 @@ from typing import Any, Mapping
 
 import torch
 
-from .domains import Domain, Task
-from .packing import token_batches
-from .rollout import PromptFormat, encode_prompts, sample_and_score
+from opdgrpo.domains import Domain, Task
+from opdgrpo.train.packing import token_batches
+from opdgrpo.train.rollout import PromptFormat, encode_prompts, sample_and_score
 
 
 def batch_bounds(tokenizer, repeated: list[Task], *, batch_size: int, max_batch_tokens: int | None,
@@ -84,8 +84,8 @@ def evaluate(model, tokenizer, domains: Mapping[str, Domain], heldout: Mapping[s
     reports beyond accuracy (IFEval's constraint rates); plus the FLOPs spent. A domain may ask for its own k per
     set (``eval_k``, e.g. 16 samples for AIME). ``max_batch_tokens``: the KV-cache budget of a sampling batch
     (``budget_key`` names its config key in messages); None: ``batch_size`` rows per batch. ``engine`` samples
-    (:mod:`opdgrpo.engines`; it holds ``model``'s weights); None: the project's own sampler on ``model``."""
-    from .metrics import summarise
+    (:mod:`opdgrpo.train.engines`; it holds ``model``'s weights); None: the project's own sampler on ``model``."""
+    from opdgrpo.train.metrics import summarise
 
     was_training = model.training
     model.eval()

@@ -8,7 +8,7 @@ one Intel Xeon, AVX512-BF16 on another, and blocks its loops by the caches it fi
   reductions, the transcendental functions and one training step of a smoke-sized Qwen3) at one thread, the thread
   count of the pinned runs. Two machines with the same fingerprint took the same kernel paths on all of it; bitwise
   test pins are keyed by it (``tests/pins.py``).
-* :mod:`opdgrpo.inference` checks, once per process and model, whether its gradient-free fast paths reproduce the
+* :mod:`opdgrpo.train.inference` checks, once per process and model, whether its gradient-free fast paths reproduce the
   reference (``transformers``' eager forward) bit for bit *here*, and takes the reference path where they do not, so
   a run's numbers never depend on whether a fast path was taken. The decisions are recorded here for ``done.json``
   (:func:`report`).
@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from . import precision
+from opdgrpo.train import precision
 
 ENV = "OPDGRPO_FAST_PATHS"
 MODES = ("auto", "off")
@@ -137,7 +137,7 @@ def machine() -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# The fast-path decisions a process took (made in :mod:`opdgrpo.inference`, which owns the paths and their checks)
+# The fast-path decisions a process took (made in :mod:`opdgrpo.train.inference`, which owns the paths and their checks)
 
 #: ``{kind: {key: decision}}``, e.g. ``{"folded_attention": {"heads=4 kv_heads=2 ...": {"used": True, ...}}}``.
 _decisions: dict[str, dict[str, dict[str, Any]]] = {}
@@ -155,7 +155,7 @@ def on_reset(hook: Callable[[], None]) -> None:
 
 def report() -> dict[str, Any]:
     """For ``done.json``: the fingerprint, the fast-path decisions this process took and the precision it chose
-    (``train.precision: auto`` resolved here: :mod:`opdgrpo.precision`)."""
+    (``train.precision: auto`` resolved here: :mod:`opdgrpo.train.precision`)."""
     return {"fingerprint": fingerprint(),
             "fast_paths": {"mode": mode(), **{kind: dict(d) for kind, d in sorted(_decisions.items())}},
             "precision": precision.report()}

@@ -5,7 +5,7 @@ The trainer stays one loop; this module is the few collective operations it need
 gets one, and every collective is then the identity, so the single-process path computes exactly what it did before
 this module existed, whatever ``train.distributed`` says.
 
-How a step is split (see ``opdgrpo.train``): the step's prompts are cut into ``train.micro_batches`` shards (default:
+How a step is split (see ``opdgrpo.train.loop``): the step's prompts are cut into ``train.micro_batches`` shards (default:
 one per process). Shard ``s`` is sampled with its own generator seeded by (seed, step, s), and worker ``r`` takes the
 shards ``s`` with ``s % N == r``, so what is sampled does not depend on how many processes share the work. Losses
 are normalised by the *global* token (or sequence) count, and each worker's loss is scaled by N before DDP's
@@ -13,7 +13,7 @@ all-reduce (or FSDP's reduce-scatter) averages the gradients: the update equals 
 same shards, with gradient accumulation over the shards a worker holds.
 
 ``train.distributed: ddp`` replicates the student (accelerate's DDP); ``fsdp`` shards it with FSDP2
-(:mod:`opdgrpo.fsdp`: weights, gradients and optimizer state, per decoder layer); ``none`` refuses several processes.
+(:mod:`opdgrpo.train.fsdp`: weights, gradients and optimizer state, per decoder layer); ``none`` refuses several processes.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from . import fsdp, schema
-from .run_shape import DEFAULT_DISTRIBUTED
+from opdgrpo import schema
+from opdgrpo.run_shape import DEFAULT_DISTRIBUTED
+from opdgrpo.train import fsdp
 
-log = logging.getLogger("opdgrpo.distributed")
+log = logging.getLogger("opdgrpo.train.distributed")
 
 
 def launched_by_torchrun() -> bool:
@@ -41,7 +42,7 @@ class Workers:
     trainer uses.
 
     ``strategy`` (``train.distributed``): ``none`` (one process only), ``ddp`` (replicas; accelerate's DDP) or ``fsdp``
-    (FSDP2 shards, :mod:`opdgrpo.fsdp`). One process trains the plain model under every strategy."""
+    (FSDP2 shards, :mod:`opdgrpo.train.fsdp`). One process trains the plain model under every strategy."""
 
     def __init__(self, strategy: str = "ddp", cpu: bool | None = None, policy: fsdp.Policy | None = None):
         if strategy not in schema.allowed("train", "distributed"):
@@ -121,7 +122,7 @@ class Workers:
         """A model with all its parameters present, for sampling outside the wrapper's forward. FSDP: the replica,
         refreshed from the shards (a collective: every process enters at the same point). FSDP with a vLLM engine:
         the sharded model itself, which only gives the engine its weights (gathered a parameter at a time,
-        :meth:`opdgrpo.engines.vllm_engine.VLLMEngine.sync`) and the evaluation its device."""
+        :meth:`opdgrpo.train.engines.vllm_engine.VLLMEngine.sync`) and the evaluation its device."""
         if self.sharded and self._replica is None:
             yield model
         elif self.sharded:
@@ -132,7 +133,7 @@ class Workers:
 
     def no_sync(self, model: torch.nn.Module, skip: bool):
         """Skip the gradient all-reduce of this backward (``skip``: more local shards follow). FSDP reduce-scatters
-        after every backward (see :mod:`opdgrpo.fsdp`)."""
+        after every backward (see :mod:`opdgrpo.train.fsdp`)."""
         if not skip or not self.distributed or self.sharded:
             return contextlib.nullcontext()
         return self.accelerator.no_sync(model)

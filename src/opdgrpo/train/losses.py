@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import schema
+from opdgrpo import schema
 
 #: ``token-mean`` or ``sequence-mean`` (``method.aggregation``; the allowed values live in the method schema).
 AGGREGATIONS: tuple[str, ...] = schema.allowed("method.schema.yaml#/$defs/common", "aggregation")
@@ -307,7 +307,7 @@ def student_topk(student_logits: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor
     """What :func:`topk_reverse_kl` reads of the student's logits ``(..., V)``, per position: its top-``k`` logits
     (in the compute dtype, carrying the gradient), their ids (no gradient through the choice) and the full-vocabulary
     logsumexp (no gradient; for ``topk_mass``). Per position, so a chunk of positions gives that chunk's values
-    (:mod:`opdgrpo.logit_chunks`)."""
+    (:mod:`opdgrpo.train.logit_chunks`)."""
     dtype = _compute_dtype(student_logits)
     with torch.no_grad():
         top_ids = student_logits.topk(k, dim=-1).indices  # (B, T, k); the choice carries no gradient

@@ -1,5 +1,5 @@
 """Training micro-batches under ``train.max_tokens_per_microbatch``: a process's rows of one update, sorted by length
-and repacked into :class:`~opdgrpo.objectives.Shard` objects whose padded tensors stay within the cap.
+and repacked into :class:`~opdgrpo.train.objectives.Shard` objects whose padded tensors stay within the cap.
 
 Why a repack and not a re-slice: a sampled shard is one rollout batch, left-padded to its longest prompt and padded
 to its longest response; rows of other lengths from other shards need new tensors. Each packed row keeps its exact
@@ -13,7 +13,7 @@ float reordering, and what a row contributes to the update's objective does not 
 * the fixed log-probs (old policy, reference) are computed on the packed micro-batches themselves.
 
 Every process runs the same number of micro-batches per update (the largest any process packed, agreed with one
-all-reduce; a process with fewer halves its largest ones, :func:`opdgrpo.packing.split_to`), so the collectives of
+all-reduce; a process with fewer halves its largest ones, :func:`opdgrpo.train.packing.split_to`), so the collectives of
 each micro-batch (FSDP's gathers and reduce-scatters, OPD's sharded teacher forwards, the non-finite checks) stay
 matched, and DDP's one synchronised backward per update stays the last one on every process.
 """
@@ -25,12 +25,12 @@ from typing import Callable
 
 import torch
 
-from .objectives import Shard
-from .packing import pack_rows, split_to
-from .rollout import ScoredRollouts
-from .sampling import Rollouts
+from opdgrpo.train.objectives import Shard
+from opdgrpo.train.packing import pack_rows, split_to
+from opdgrpo.train.rollout import ScoredRollouts
+from opdgrpo.train.sampling import Rollouts
 
-log = logging.getLogger("opdgrpo.microbatch")
+log = logging.getLogger("opdgrpo.train.microbatch")
 
 #: ``(shard index, row)`` of one row of a process's update.
 Row = tuple[int, int]

@@ -17,9 +17,9 @@ from typing import Any, Mapping
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
 
-from . import schema
-from .precision import check as check_precision
-from .precision import resolve as resolve_precision
+from opdgrpo import schema
+from opdgrpo.train.precision import check as check_precision
+from opdgrpo.train.precision import resolve as resolve_precision
 
 #: Keys of a model block that are not Qwen3Config's (conf/model/*.yaml; the schema lists them all).
 _OWN_KEYS = {"name", "source", "pretrain", "dtype", "seed", "path", "revision", "attn_implementation", "sampling",
@@ -109,7 +109,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, trainable: 
 def autocast(precision: str, device_type: str = "cpu"):
     """Mixed precision for forwards: ``bf16`` runs matmuls in bfloat16 (2-3x faster for the tiny models on a CPU
     with bfloat16 instructions, 7-8x slower on one without: docs/speed.md), ``fp32`` runs everything in float32,
-    ``auto`` whichever :func:`opdgrpo.precision.resolve` chooses here. Losses are computed in float32 either way."""
+    ``auto`` whichever :func:`opdgrpo.train.precision.resolve` chooses here. Losses are computed in float32 either way."""
     if precision == "auto":
         precision = resolve_precision(precision, device_type)
     check_precision(precision)

@@ -7,7 +7,7 @@ the batch, each cut into ``method.minibatches`` optimiser updates (both 1 by def
 update and shard: the student's training forward, the run's objective (GRPO's clipped policy gradient, or OPD's
 reverse KL to each prompt's domain teacher) and its backward (a shard is one micro-batch; with
 ``train.max_tokens_per_microbatch`` a process's rows of the update are repacked by length into micro-batches within
-that many padded tokens, :mod:`opdgrpo.microbatch`), then clip and update -> one ledger line with the
+that many padded tokens, :mod:`opdgrpo.train.microbatch`), then clip and update -> one ledger line with the
 FLOPs of every component (one line per sampled batch, whatever the number of updates). Every update of a step uses
 the step's learning rate (``method.warmup_steps`` counts steps). Held-out avg@k at step 0, every ``eval_every``
 steps and at the end; a checkpoint every ``checkpoint_every`` steps. A rerun resumes from the newest checkpoint of
@@ -34,31 +34,31 @@ from typing import Any, Iterator
 
 import torch
 
-from . import faults, numerics
-from . import flops as flop_formulas
-from .batching import batch_tasks, domain_counts, eval_seed, rollout_seed, shard_bounds
-from .checkpoint import clear_run, restore_rng, resume_point, run_identity, save_checkpoint
-from .distributed import Workers
-from .domains import Task, build_domain
-from .evaluation import evaluate, heldout_for
-from .inference import FrozenForward
-from .logit_chunks import reduced_forward
-from .losses import aggregation_count
-from .microbatch import repack
-from .models import autocast, enable_activation_checkpointing, load_model, parameter_count
-from .objectives import Objective, Shard, build_objective, position_ids
-from .peak import mfu_summary, run_peak
-from .precision import resolve as resolve_precision
-from .progress import Progress, clock
-from .rollout import PromptFormat, sample_and_score
-from .run_shape import RunShape
-from .runio import append_jsonl, keep_records, read_jsonl, write_json, write_yaml
-from .step_stats import StepStats, components
-from .subsets import restrict_to_subset
-from .tokenizer import load_tokenizer
-from .tracking import Tracker
+from opdgrpo.domains import Task, build_domain
+from opdgrpo.progress import Progress, clock
+from opdgrpo.run_shape import RunShape
+from opdgrpo.runio import append_jsonl, keep_records, read_jsonl, write_json, write_yaml
+from opdgrpo.subsets import restrict_to_subset
+from opdgrpo.tracking import Tracker
+from opdgrpo.train import faults, numerics
+from opdgrpo.train import flops as flop_formulas
+from opdgrpo.train.batching import batch_tasks, domain_counts, eval_seed, rollout_seed, shard_bounds
+from opdgrpo.train.checkpoint import clear_run, restore_rng, resume_point, run_identity, save_checkpoint
+from opdgrpo.train.distributed import Workers
+from opdgrpo.train.evaluation import evaluate, heldout_for
+from opdgrpo.train.inference import FrozenForward
+from opdgrpo.train.logit_chunks import reduced_forward
+from opdgrpo.train.losses import aggregation_count
+from opdgrpo.train.microbatch import repack
+from opdgrpo.train.models import autocast, enable_activation_checkpointing, load_model, parameter_count
+from opdgrpo.train.objectives import Objective, Shard, build_objective, position_ids
+from opdgrpo.train.peak import mfu_summary, run_peak
+from opdgrpo.train.precision import resolve as resolve_precision
+from opdgrpo.train.rollout import PromptFormat, sample_and_score
+from opdgrpo.train.step_stats import StepStats, components
+from opdgrpo.train.tokenizer import load_tokenizer
 
-log = logging.getLogger("opdgrpo.train")
+log = logging.getLogger("opdgrpo.train.loop")
 
 
 class Interrupted(RuntimeError):
@@ -83,7 +83,7 @@ def check_finite(x: torch.Tensor, component: str, where: str, label: str | None 
         raise NonFinite(f"{where}: {text} {verb} {what}", component)
 
 
-#: The test-only fault (:mod:`opdgrpo.faults`) that poisons each checked component.
+#: The test-only fault (:mod:`opdgrpo.train.faults`) that poisons each checked component.
 POISON = {"rewards": "nan_reward", "student_logits": "nan_logits", "teacher_logits": "nan_teacher",
           "reference_logits": "nan_reference", "loss": "nan_loss"}
 
@@ -140,7 +140,7 @@ class Run:
     progress: Progress | None = None   # lines in the job's log (main process)
     tracker: Tracker | None = None     # train.report_to (main process)
     reference: FrozenForward | None = None   # GRPO's frozen reference model (beta > 0), else None
-    engine: Any = None                 # train.engine vllm: the colocated engine (opdgrpo.engines); None: hf
+    engine: Any = None                 # train.engine vllm: the colocated engine (opdgrpo.train.engines); None: hf
 
     @property
     def main(self) -> bool:
@@ -159,7 +159,7 @@ def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """Train one run into ``run_dir`` (resuming it if it has a checkpoint of the same run); returns ``done.json``."""
     # Bad input fails here, before any compute and before the run directory is touched (a finished run stays
     # intact); then one process at a time owns the run directory.
-    from .preflight import check_run_inputs, run_dir_lock
+    from opdgrpo.train.preflight import check_run_inputs, run_dir_lock
 
     check_run_inputs(cfg)
     expandable_segments()
@@ -361,7 +361,7 @@ def _logprob_reduce(run: Run, shard: Shard, guard: NonFiniteCheck, component: st
 def _minibatches(run: Run, shards: list[Shard]) -> list[list[Shard]]:
     """This process's training micro-batches by mini-batch: the step's shards cut into ``method.minibatches``
     consecutive groups (``RunShape.of`` makes every group hold the same number of shards of every process); with
-    ``train.max_tokens_per_microbatch`` each group's rows repacked by length within it (:mod:`opdgrpo.microbatch`),
+    ``train.max_tokens_per_microbatch`` each group's rows repacked by length within it (:mod:`opdgrpo.train.microbatch`),
     as many micro-batches on every process."""
     per_minibatch = run.shape.shards // run.shape.minibatches
     groups: list[list[Shard]] = [[] for _ in range(run.shape.minibatches)]
@@ -418,7 +418,7 @@ def _forward_and_loss(run: Run, shard: Shard, normalizer: float | None, guard: N
         stats.flops["train"] += _student_flops(run, shard)   # the forward; its backward is counted after it
         logits = guard.check(logits, "student_logits")
         loss, metrics = run.objective.loss(logits, shard, normalizer, guard.check, stats.flops)
-    else:   # the LM head and the loss's reduction a chunk of positions at a time (opdgrpo.logit_chunks)
+    else:   # the LM head and the loss's reduction a chunk of positions at a time (opdgrpo.train.logit_chunks)
         reduce, extras = run.objective.student_reduce(shard, guard.check)
         reduced = _chunked_forward(run, run.model, shard, reduce, extras)
         stats.flops["train"] += _student_flops(run, shard)
@@ -610,7 +610,7 @@ def _engine(run: Run):
     name = str(run.cfg["train"].get("engine", "hf"))
     if name == "hf":
         return None
-    from .engines import build_engine, longest_row
+    from opdgrpo.train.engines import build_engine, longest_row
 
     tasks = [t for pool in run.pools.values() for t in pool]
     tasks += [t for sets in run.heldout.values() for s in sets.values() for t in s]

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .objectives import Shard
+from opdgrpo.train.objectives import Shard
 
 #: Components of a step's training FLOPs, in the ledger's order. ``old_policy``: the sampling policy's forward
 #: before the first update, when a batch gets several updates (else 0: one update per batch reuses the training
