@@ -179,3 +179,22 @@ def test_no_two_rule_files_are_the_same_rule_under_another_name():
     bodies = {p.name: re.sub(rf"\b{p.stem}\b|\brule \w+:|#.*", "", p.read_text()) for p in rules.glob("*.smk")}
     same = [(a, b) for a in bodies for b in bodies if a < b and bodies[a] == bodies[b]]
     assert not same, f"identical apart from names and comments: {same}"
+
+
+def test_no_python_program_in_a_string_over_20_lines():
+    """Programs are files (opdgrpo/sandbox/programs), linted and read like the rest; a string constant that parses as
+    Python and runs over 20 lines is one that was not moved (docstrings aside)."""
+    found = []
+    for name, tree in _modules().items():
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                    and len(node.value.strip().splitlines()) > 20):
+                try:
+                    ast.parse(node.value)
+                except SyntaxError:
+                    continue
+                found.append(f"{name}:{node.lineno} ({len(node.value.strip().splitlines())} lines)")
+    assert not found, f"move these programs into files: {found}"

@@ -63,29 +63,15 @@ MODES = ("stdin", "functional")
 # operator.abs), and the plain module imports come last, so `random`, `bisect`, `copy` and `datetime` name the
 # modules, not the same-named functions and classes. Star-imported `stdin`/`stdout` are rebound to each test's
 # streams by the harness.
-PRELUDE = """\
-from string import *
-from re import *
-from datetime import *
-from collections import *
-from heapq import *
-from bisect import *
-from copy import *
-from math import *
-from random import *
-from statistics import *
-from itertools import *
-from functools import *
-from operator import *
-from io import *
-from sys import *
-from json import *
-from builtins import *
-from typing import *
-import bisect, collections, copy, datetime, functools, heapq, io, itertools, json, math, operator, random, re
-import statistics, string, sys
-sys.setrecursionlimit(50000)
-"""
+#: The modules star-imported, in this order.
+PRELUDE_STAR_IMPORTS = ("string", "re", "datetime", "collections", "heapq", "bisect", "copy", "math", "random",
+                        "statistics", "itertools", "functools", "operator", "io", "sys", "json", "builtins", "typing")
+#: The modules then imported by name.
+PRELUDE_MODULES = ("bisect", "collections", "copy", "datetime", "functools", "heapq", "io", "itertools", "json", "math",
+                   "operator", "random", "re", "statistics", "string", "sys")
+PRELUDE = ("".join(f"from {m} import *\n" for m in PRELUDE_STAR_IMPORTS)
+           + f"import {', '.join(PRELUDE_MODULES[:13])}\nimport {', '.join(PRELUDE_MODULES[13:])}\n"
+           + "sys.setrecursionlimit(50000)\n")
 
 _SHIM = "__opdgrpo_entry__"
 _FENCE = re.compile(r"^[ \t]*```+[ \t]*([^\s`]*)[^\n]*$", re.MULTILINE)
