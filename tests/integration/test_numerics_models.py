@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("fresh_numerics")
 def test_fingerprint_is_the_same_in_another_process_and_sees_one_changed_bit(monkeypatch):
     here = numerics.fingerprint()
     assert len(here) == 16 and int(here, 16) >= 0
-    other = subprocess.run([sys.executable, "-c", "from opdgrpo import numerics; print(numerics.fingerprint())"],
+    other = subprocess.run([sys.executable, "-c", "from opdgrpo.train import numerics; print(numerics.fingerprint())"],
                            capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "2"})
     assert other.stdout.strip() == here, other.stderr[-2000:]
     real_linear = torch.nn.functional.linear

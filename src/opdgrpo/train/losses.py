@@ -269,7 +269,9 @@ def topk_reverse_kl(
     This is the paper's "vanilla reverse KL over the student's top-16 tokens": an exact (not sampled) KL on the
     support where the student puts its mass, at the cost of ``k`` gathered logits per token instead of ``V``. With
     ``k == V`` it is the full reverse KL. The teacher is frozen: its logits are detached, gradient reaches the
-    student logits only.
+    student logits only. The trainer calls its two halves (:func:`student_topk` per logit chunk, then
+    :func:`topk_reverse_kl_from_topk`) so that no ``(B, T, V)`` tensor is kept; this one-call form is the loss as
+    written, and the reference the tests hold the chunked path to.
 
     Args:
         student_logits: ``(B, T, V)`` aligned with the response tokens; any float dtype (computed in float32).
