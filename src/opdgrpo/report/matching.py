@@ -11,15 +11,24 @@ having reached a target when it comes within the evaluation's own noise of it:
   previous h). Points whose accuracy is NaN (a domain missing at that point) stay NaN and are skipped as neighbours.
   ``smooth_window`` = 1 is the raw curve.
 * **Standard error of one evaluation point.** A held-out set with n prompts and k samples per prompt scores avg@k, a
-  mean of n*k rewards. Its binomial standard error at accuracy p is sqrt(p (1 - p) / (n k)), the smallest the
-  error can be (it treats the k samples of a prompt as independent; fully correlated samples would give
-  sqrt(p (1 - p) / n)). A domain's accuracy is the mean of its S held-out sets, a mix's the mean of its D domains,
-  so at accuracy p
+  mean of n*k rewards that are not independent: the k samples of one prompt share its difficulty. With q_i the
+  chance of solving prompt i and p their mean, the variance of avg@k is (Var(q) + E[q (1 - q)] / k) / n, between
+  p (1 - p) / (n k) (samples independent: every q_i = p) and p (1 - p) / n (each prompt always or never solved).
+  Both terms are read from what every evaluation records: unbiased pass@2 estimates E[1 - (1 - q)^2], so
+  E[q (1 - q)] = pass@2 - p and Var(q) = 2p - pass@2 - p^2 (:func:`design_effect`). Their ratio to the binomial
+  variance, the design effect, is averaged over a run's evaluations per set (clipped to [1, k]) and turns k into
+  k_eff = k / design effect, the independent samples a prompt is worth. This is the error of one evaluation as a
+  measure of the model's accuracy on its domain, the held-out set being one draw of the domain's prompts (errors
+  clustered by prompt, as Miller 2024, "Adding Error Bars to Evals", recommends); two evaluations of the same set
+  share their prompts and differ by less, a paired variance the rule does not use. A domain's accuracy is the mean
+  of its S held-out sets, a mix's the mean of its D domains, so at accuracy p
 
-      SE(p) = sqrt( p (1 - p) * sum_d (1 / D^2) * sum_{s in d} 1 / (S_d^2 n_s k_s) ),
+      SE(p) = sqrt( p (1 - p) * sum_d (1 / D^2) * sum_{s in d} 1 / (S_d^2 n_s k_eff_s) ),
 
   with p the target accuracy for every set (when sets differ, p (1 - p) at their mean is about the largest their
-  mean variance can be). n and k are those the run's ``evals.jsonl`` records per set; unknown sizes give no SE.
+  mean variance can be). n and k are those the run's ``evals.jsonl`` records per set; a set sampled once per
+  prompt (k = 1, greedy) has k_eff = 1; a set without pass@2 in any record keeps k (the smallest the error can be);
+  unknown sizes give no SE.
 * **Tolerance.** A curve has reached target T when its smoothed accuracy is at least
 
       T - slack,   slack = tolerance / 100 + tolerance_se * SE(T),
@@ -58,8 +67,9 @@ DEFAULT_SHARE_THRESHOLD = 0.15
 #: states for joint GRPO in the default world, fixed before any run.
 DEFAULT_MIN_JOINT_GAIN_SE = 3.0
 
-#: Per held-out set of a domain: ``{domain: {set: (n_prompts, k)}}``.
-EvalSizes = Mapping[str, Mapping[str, Sequence[int]]]
+#: Per held-out set of a domain: ``{domain: {set: (n_prompts, k_eff)}}``, k_eff the independent samples a prompt's k
+#: are worth (:func:`eval_sizes`).
+EvalSizes = Mapping[str, Mapping[str, Sequence[float]]]
 
 
 @dataclass(frozen=True)
@@ -122,22 +132,45 @@ def mix_se(accuracy: float, sizes: EvalSizes | None, domains: Sequence[str]) -> 
         sets = sizes.get(d) or {}
         if not sets:
             return None
-        var += math.fsum(1.0 / (int(n) * int(k)) for n, k in sets.values()) / (len(sets) ** 2 * len(domains) ** 2)
+        var += math.fsum(1.0 / (float(n) * float(k)) for n, k in sets.values()) / (len(sets) ** 2 * len(domains) ** 2)
     p = min(max(float(accuracy), 0.0), 1.0)
     return math.sqrt(p * (1.0 - p) * var)
 
 
-def eval_sizes(run_dir: Path) -> dict[str, dict[str, list[int]]]:
-    """``{domain: {set: [n_prompts, k]}}`` of a run's held-out sets, from the first record of its ``evals.jsonl``
-    (training writes ``n_prompts`` and ``k`` per set); sets without them, and the ``in_domain`` set, left out."""
+def design_effect(k: int, pass1: float, pass2: float) -> float | None:
+    """How many times the variance of a set's avg@k exceeds that of n*k independent rewards (module docstring), from
+    its pass@1 and pass@2; clipped to [1, k] (the estimates are noisy); None where pass@1 is 0 or 1 (no variance)."""
+    p = float(pass1)
+    if k < 2 or not 0.0 < p < 1.0:
+        return None
+    within = float(pass2) - p            # E[q (1 - q)]
+    between = p - p * p - within         # Var(q) = 2p - pass@2 - p^2
+    ratio = k * (between + within / k) / (p * (1.0 - p))
+    return min(max(ratio, 1.0), float(k))
+
+
+def eval_sizes(run_dir: Path) -> dict[str, dict[str, list[float]]]:
+    """``{domain: {set: [n_prompts, k_eff]}}`` of a run's held-out sets, from its ``evals.jsonl`` (training writes
+    ``n_prompts``, ``k`` and, where k > 1, pass@2 per set): k_eff is k over the set's design effect averaged over the
+    run's evaluations (:func:`design_effect`). Sets without n and k, and the ``in_domain`` set, left out."""
     from opdgrpo.runio import IN_DOMAIN_SET, iter_jsonl
 
+    sizes: dict[tuple[str, str], tuple[int, int]] = {}
+    effects: dict[tuple[str, str], list[float]] = {}
     for _, record in iter_jsonl(Path(run_dir) / "evals.jsonl", missing_ok=True):
-        out: dict[str, dict[str, list[int]]] = {}
         for r in record.get("results", []):
             n, k = r.get("n_prompts"), r.get("k")
             if r.get("eval_set") == IN_DOMAIN_SET or not isinstance(n, int) or not isinstance(k, int) or n < 1 or k < 1:
                 continue
-            out.setdefault(str(r["eval_domain"]), {})[str(r["eval_set"])] = [n, k]
-        return out
-    return {}
+            key = (str(r["eval_domain"]), str(r["eval_set"]))
+            sizes.setdefault(key, (n, k))
+            passes = r.get("pass_at_k") or {}
+            if "pass@1" in passes and "pass@2" in passes:
+                effect = design_effect(k, passes["pass@1"], passes["pass@2"])
+                if effect is not None:
+                    effects.setdefault(key, []).append(effect)
+    out: dict[str, dict[str, list[float]]] = {}
+    for (domain, name), (n, k) in sizes.items():
+        seen = effects.get((domain, name))
+        out.setdefault(domain, {})[name] = [n, k / (math.fsum(seen) / len(seen)) if seen else k]
+    return out

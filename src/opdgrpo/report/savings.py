@@ -184,7 +184,7 @@ def compute_savings(
     ``domains`` defaults to every eval domain the joint run evaluates; ``tolerance`` is in accuracy points (1.0 =
     0.01 fraction); ``expert_final_flops`` maps an expert to its final cumulative training FLOPs (from
     ``done.json``), falling back to its last evaluation point; ``smooth_window``, ``tolerance_se``,
-    ``min_joint_gain_se`` and ``eval_sizes`` (``{domain: {set: (n_prompts, k)}}``) are the matching rule's
+    ``min_joint_gain_se`` and ``eval_sizes`` (``{domain: {set: (n_prompts, k_eff)}}``) are the matching rule's
     (:mod:`opdgrpo.report.matching`).
     Returns the keys of :data:`SAVINGS_KEYS` for the deciding direction, ``reason`` (how to read it) and ``other``
     (the other direction's keys). Raises :class:`ReportInputError` naming the run or column when an input is missing.

@@ -41,7 +41,7 @@ class ConsolidationEntry(TypedDict):
     tolerance_se: NotRequired[float]      # standard errors of one evaluation below the target still matched
     min_joint_gain_se: NotRequired[float]  # joint GRPO's best is the target only past this gain (standard errors)
     share_threshold: NotRequired[float]   # <S>-share holds below this distillation / experts share
-    eval_sizes: NotRequired[dict[str, dict[str, list[int]]]]  # the joint run's held-out sizes (attached by the report)
+    eval_sizes: NotRequired[dict[str, dict[str, list[float]]]]  # the joint run's held-out sizes (attached by the report)
 
 
 @dataclass(frozen=True)

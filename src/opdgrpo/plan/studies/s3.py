@@ -41,7 +41,7 @@ class S3Entry(TypedDict):
     tolerance: NotRequired[float]  # accuracy points below the teacher still counted as reaching it
     smooth_window: NotRequired[int]  # evaluation points in the centred moving average (absent: the default)
     tolerance_se: NotRequired[float]  # standard errors of one evaluation below the teacher still counted
-    eval_sizes: NotRequired[dict[str, dict[str, list[int]]]]  # the teacher run's held-out sizes (attached by the report)
+    eval_sizes: NotRequired[dict[str, dict[str, list[float]]]]  # the teacher run's held-out sizes (attached by the report)
 
 
 class S3(Study[S3Entry]):

@@ -54,7 +54,7 @@ class Cell(TypedDict):
     joint: str             # joint GRPO on the mix
     distill: str           # multi-teacher OPD of the experts
     external: str          # S5b's part: OPD from the external teacher on ``external_domains``
-    eval_sizes: NotRequired[dict[str, dict[str, list[int]]]]   # the joint run's held-out sizes (attached)
+    eval_sizes: NotRequired[dict[str, dict[str, list[float]]]]   # the joint run's held-out sizes (attached)
 
 
 class S6Entry(TypedDict):
