@@ -148,9 +148,11 @@ def _mix_panel(key: str, entry: ConsolidationEntry, ctx: PlotContext) -> Panel:
         level = sav.get("threshold_accuracy", sav["target_accuracy"])  # the target less the tolerance
         whose = "joint GRPO" if sav.get("direction") == "joint" else "the distillation"
         mix.hlines.append((100.0 * sav["target_accuracy"], f"target: {whose}'s best (smoothed)"))
+        # a threshold under 0% (a target within its tolerance of nothing) is reached by any curve: drawn on the axis
+        label = "reached (target - tolerance)" if level >= 0.0 else "reached (target - tolerance < 0%: drawn at 0%)"
         reached = [sav.get("joint_flops"), sav.get("pipeline_flops") if sav.get("distill_flops") is not None else None]
         for i, flops in enumerate(f for f in reached if f is not None):   # a side that never reached it: no point
-            mix.points.append((flops, 100.0 * level, "reached (target - tolerance)" if i == 0 else "_nolegend_"))
+            mix.points.append((flops, 100.0 * max(level, 0.0), label if i == 0 else "_nolegend_"))
     return mix
 
 
