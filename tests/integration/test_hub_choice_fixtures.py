@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from opdgrpo.domains.base import heldout_k
 from opdgrpo.domains.base import heldout_overlap
 from opdgrpo.domains.hub_choice import HubChoiceDomain
 
@@ -44,7 +45,7 @@ def test_mmlu_pro_heldout(domain):
     assert "(A-J)" in t.prompt and '"The answer is (X)"' in t.prompt
     assert "N/A" not in by_id["73"].prompt and "(A-E)" in by_id["73"].prompt
     assert t.meta["group"] == "physics" and t.meta["format"] == "mmlu_pro"
-    assert domain.eval_k("mmlu_pro") == 1
+    assert heldout_k(domain.cfg, "mmlu_pro") == 1
 
 
 def test_mmlu_training_pool(domain):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from opdgrpo.domains.base import heldout_k
 from opdgrpo.domains.hub_ifeval import HubIFEvalDomain
 from opdgrpo.verifiers import ifeval
 
@@ -43,7 +44,7 @@ def _cfg(**over):
 def test_heldout_fixture_through_domain():
     domain = HubIFEvalDomain(_cfg())
     tasks = domain.heldout_sets()["ifeval"]
-    assert len(tasks) == 18 and domain.eval_k("ifeval") == 1
+    assert len(tasks) == 18 and heldout_k(domain.cfg, "ifeval") == 1
     by_key = {t.meta["key"]: t for t in tasks}
     t1000 = by_key[1000]
     assert t1000.prompt.startswith("Write a 300+ word summary")

@@ -14,6 +14,7 @@ import pytest
 from math_cases import CASES
 from omegaconf import OmegaConf
 
+from opdgrpo.domains.base import heldout_k
 from opdgrpo.domains.base import heldout_overlap
 from opdgrpo.domains.hub_math import HubMathDomain
 from opdgrpo.verifiers.math import MathVerifier
@@ -94,7 +95,7 @@ def test_heldout_tasks_per_schema(domain):
     assert first.prompt == TEMPLATE.replace("{problem}", FIX.SHARED_PROBLEM)
     assert sets["aime25"][0].meta == {"source": "aime25", "id": "0"}
     assert sets["amc23"][2].meta == {"source": "amc23", "id": "2"}
-    assert [domain.eval_k(n) for n in ("aime24", "aime25", "amc23")] == [16, 16, 4]
+    assert [heldout_k(domain.cfg, n) for n in ("aime24", "aime25", "amc23")] == [16, 16, 4]
 
 
 def test_training_pool_drops_duplicates_and_heldout_prompts_and_dapo_wrapper(domain):

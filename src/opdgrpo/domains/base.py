@@ -59,6 +59,13 @@ def heldout_overlap(domain: str, pool: Sequence[Task], heldout: Mapping[str, Seq
     return None
 
 
+def heldout_k(cfg: Mapping[str, Any], set_name: str) -> int | None:
+    """Samples per prompt a domain asks for one held-out set (``heldout.<set>.k``, e.g. 16 for AIME, or 1 on a set
+    large enough that more prompts measure better than more samples per prompt); None: the run's ``train.eval.k``."""
+    spec = ((cfg or {}).get("heldout") or {}).get(set_name) or {}
+    return int(spec["k"]) if spec.get("k") else None
+
+
 def check_style(style: str) -> None:
     if style not in ("brief", "thinking"):
         raise ValueError(f"demonstration style must be 'brief' or 'thinking', got {style!r}")

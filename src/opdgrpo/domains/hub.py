@@ -119,11 +119,6 @@ class HubDomain:
             self._pool = pool
         return self._pool
 
-    def eval_k(self, set_name: str) -> int | None:
-        """Samples per prompt for one held-out set (None: the run's ``train.eval.k``)."""
-        spec = (self.cfg.get("heldout") or {}).get(set_name) or {}
-        return int(spec["k"]) if spec.get("k") else None
-
     def pretraining_task(self, rng) -> Task:
         raise ValueError(f"domain {self.name}: hub domains have no pretraining stage (models come from the hub with "
                          f"`source: hub`); only `kind`s of the tiny world build tokenizers and pretrain")

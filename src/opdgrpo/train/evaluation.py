@@ -82,9 +82,11 @@ def evaluate(model, tokenizer, domains: Mapping[str, Domain], heldout: Mapping[s
              engine=None) -> tuple[list[dict[str, Any]], float]:
     """Per held-out set: accuracy (avg@k), pass@k where k > 1, mean response length in tokens, and what the domain
     reports beyond accuracy (IFEval's constraint rates); plus the FLOPs spent. A domain may ask for its own k per
-    set (``eval_k``, e.g. 16 samples for AIME). ``max_batch_tokens``: the KV-cache budget of a sampling batch
-    (``budget_key`` names its config key in messages); None: ``batch_size`` rows per batch. ``engine`` samples
+    set (``heldout.<set>.k``, e.g. 16 samples for AIME; :func:`opdgrpo.domains.base.heldout_k`).
+    ``max_batch_tokens``: the KV-cache budget of a sampling batch (``budget_key`` names its config key in
+    messages); None: ``batch_size`` rows per batch. ``engine`` samples
     (:mod:`opdgrpo.train.engines`; it holds ``model``'s weights); None: the project's own sampler on ``model``."""
+    from opdgrpo.domains.base import heldout_k
     from opdgrpo.train.metrics import summarise
 
     was_training = model.training
@@ -92,7 +94,7 @@ def evaluate(model, tokenizer, domains: Mapping[str, Domain], heldout: Mapping[s
     results, flops = [], 0.0
     for domain, sets in heldout.items():
         for set_name, tasks in sets.items():
-            set_k = (getattr(domains[domain], "eval_k", lambda _: None)(set_name)) or k
+            set_k = heldout_k(getattr(domains[domain], "cfg", None) or {}, set_name) or k
             repeated = [t for t in tasks for _ in range(set_k)]
             rewards, lengths, texts, set_flops = _sample_all(
                 model, tokenizer, domains, repeated, batch_size=batch_size, seed=seed, workers=workers,
