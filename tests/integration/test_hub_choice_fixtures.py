@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from opdgrpo.domains.base import heldout_k
-from opdgrpo.domains.base import heldout_overlap
+from opdgrpo.domains.base import heldout_k, heldout_overlap
 from opdgrpo.domains.hub_choice import HubChoiceDomain
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,8 +14,7 @@ import pytest
 from math_cases import CASES
 from omegaconf import OmegaConf
 
-from opdgrpo.domains.base import heldout_k
-from opdgrpo.domains.base import heldout_overlap
+from opdgrpo.domains.base import heldout_k, heldout_overlap
 from opdgrpo.domains.hub_math import HubMathDomain
 from opdgrpo.verifiers.math import MathVerifier
 
