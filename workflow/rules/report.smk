@@ -2,6 +2,7 @@
 # Figures and tables are registered with report(), so `snakemake --report report.html` gives one page.
 
 from opdgrpo.plan.studies import REGISTRY
+from opdgrpo.report.code_identity import code_digest
 
 REPORT_DIR = f"{ROOT}/report"
 REPORT_STUDIES = [s for s in PLAN.report_spec["studies"]]
@@ -48,6 +49,7 @@ rule report:
         **job_resources("report"),
     params:
         spec=json.dumps(PLAN.report_spec, sort_keys=True),
+        code=code_digest(),  # a change to the report's code re-renders it (opdgrpo.report.code_identity)
         out=REPORT_DIR,
         runs=f"{ROOT}/runs",
     shell:
