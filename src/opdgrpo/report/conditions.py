@@ -14,7 +14,8 @@ rests on a world that meets them:
   student matches its experts).
 
 Gains are best minus first point of the smoothed curve (the study's ``smooth_window``), in standard errors of one
-evaluation point at the best (:func:`opdgrpo.report.matching.mix_se`, from each run's recorded held-out sizes).
+evaluation point at the best (:func:`opdgrpo.report.matching.mix_se`, from each run's recorded held-out sizes and
+the design effect its pass@2 gives: errors clustered by prompt).
 """
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ def conditions_markdown(spec: Mapping[str, Any], curves: pd.DataFrame, runs_dir:
              f"{EXPERT_GAIN_SE:g} standard errors (SE) of one evaluation in its own domain; joint GRPO gains at least "
              "`min_joint_gain_se` SE on its mix; in every domain the multi-teacher distillation's best comes within "
              f"{DISTILL_SHORTFALL_SE:g} SE of that domain's expert's best. Gains: best minus first point of the "
-             "smoothed curve; SE at the best, from the run's held-out sizes. Measured from this run's run "
+             "smoothed curve; SE at the best, from the run's held-out sizes, clustered by prompt (the k samples "
+             "of a prompt count as k_eff independent ones, read from pass@2). Measured from this run's run "
              "directories.", ""]
     if not rows:
         return "\n".join(lines + ["No consolidation study (S4, S5) in the report spec.", ""])
