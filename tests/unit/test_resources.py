@@ -73,6 +73,16 @@ def test_without_a_hardware_block_memory_is_estimated_not_checked(capsys):
     assert "no `hardware` block" in capsys.readouterr().out
 
 
+def test_a_profile_on_cpus_says_its_gpu_figures_are_the_plans_not_its_own(paper, capsys):
+    """The rehearsal runs the paper's composition on CPUs: its table prices the plan on the hardware block's GPUs,
+    and says so; the paper profile, whose jobs take GPUs, does not."""
+    assert resources.main(["--profile", "rehearsal"]) == 0
+    out = capsys.readouterr().out
+    assert "runs its base, difficulty, train jobs on CPUs" in out and "not what it uses here" in out
+    cfg, plan = paper
+    assert "on CPUs" not in resources.summary(cfg, resources.estimate_jobs(cfg, plan))
+
+
 def test_a_bad_hardware_value_names_its_key():
     with pytest.raises(ConfigError, match="hardware.usable_fraction"):
         compose(["profile=paper", "hardware.usable_fraction=1.5"])

@@ -495,6 +495,11 @@ def summary(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
                  + "; training jobs' hours include their held-out evaluations. 'vLLM rows at once': rows of the "
                    "engine's max_model_len its KV pool holds after vLLM's start-up checks (its share less its "
                    "weights and profiling peak; a pool short of one row is refused here, as vLLM would refuse it)")
+    on_cpus = sorted(kind for kind, block in (cfg.get("resources") or {}).items()
+                     if isinstance(block, Mapping) and "gpu" in block and not block.get("gpu"))
+    if hw is not None and on_cpus:   # e.g. the rehearsal: the paper's plan, run on CPUs
+        where += (f"\n\nThis profile runs its {', '.join(on_cpus)} jobs on CPUs (resources.<kind>.gpu: 0): the figures "
+                  f"below are what its plan would need on the {hw.name} of its `hardware` block, not what it uses here.")
     low = sum((e.hours or 0.0) * e.gpus for e in estimates)
     high = sum((e.hours_high or e.hours or 0.0) * e.gpus for e in estimates)
     total = (f"{low:,.0f}" if round(high) == round(low) else f"{low:,.0f}-{high:,.0f}")
