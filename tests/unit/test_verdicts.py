@@ -1,4 +1,4 @@
-"""The verdict machinery (issue 18, items 2-3): the matching rule (smoothed targets and crossings within one binomial
+"""The verdict machinery (issue 18, items 2-3): the matching rule (smoothed targets and crossings within one
 standard error), the share threshold, one-seed verdicts labelled indicative, and verdicts with intervals that stay
 the same when the seeds change or the curves take another draw of the evaluation's own noise.
 

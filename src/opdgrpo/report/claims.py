@@ -41,7 +41,7 @@ _SEEDS_RULE = (
     "(a savings bound that does not settle its sign leaves its seed undecided, as does a seed whose test is undefined, "
     "e.g. S3's teacher no better than the base; a claim undefined on every seed is not measured). Savings and S3's "
     "crossings read smoothed curves "
-    "and count a target as reached within one binomial standard error of one evaluation (docs/method.md)."
+    "and count a target as reached within one standard error of one evaluation, clustered by prompt (docs/method.md)."
 )
 
 #: The label of a verdict from one seed: it shows a direction, no interval decides it.

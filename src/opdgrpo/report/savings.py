@@ -8,8 +8,8 @@ the definitions below are the contract's, made precise where it leaves room:
   ``smooth_window`` evaluation points, :mod:`opdgrpo.report.matching`): a best single point would pick the luckiest
   of many noisy draws.
 * **Reading at a target T**: threshold = T - slack, slack = ``tolerance``/100 + ``tolerance_se`` x SE(T), SE the
-  binomial standard error of one evaluation point's mix accuracy from the held-out sizes (n prompts, k samples) the
-  runs recorded (:func:`opdgrpo.report.matching.mix_se`; unknown sizes: no SE term). **joint_flops** and
+  standard error of one evaluation point's mix accuracy from the held-out sizes (n prompts, k samples, clustered by
+  prompt through the design effect pass@2 gives) the runs recorded (:func:`opdgrpo.report.matching.mix_se`; unknown sizes: no SE term). **joint_flops** and
   **distill_flops** = the cumulative training FLOPs where each run's smoothed mix accuracy first reaches the
   threshold, linearly interpolated between evaluation points (the first point's FLOPs if it already does: no
   extrapolation). **expert_flops** = the experts' *final* cumulative training FLOPs (``done.json`` when the caller
@@ -384,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--tolerance-se", type=float, default=DEFAULT_TOLERANCE_SE, metavar="SE",
-        help="tolerance in binomial standard errors of one evaluation point (needs --runs for the held-out sizes); "
+        help="tolerance in standard errors of one evaluation point (needs --runs for the held-out sizes); "
              f"default {DEFAULT_TOLERANCE_SE:g}",
     )
     p.add_argument(

@@ -6,7 +6,7 @@ Every curve is read smoothed and a target counts as reached within the evaluatio
 the spec's teacher run's smoothed accuracy at its final evaluation point, on the study's domain (the mean of its last
 (window + 1) / 2 points); ``F_grpo`` / ``F_opd(n)`` = FLOPs at which the smoothed curve of the GRPO run / of the OPD
 run with ``n`` rollouts per prompt first reaches that accuracy less the slack (``tolerance``/100 + ``tolerance_se``
-x SE, the binomial standard error of one evaluation on the domain's held-out sets), linearly interpolated.
+x SE, the standard error of one evaluation on the domain's held-out sets, clustered by prompt), linearly interpolated.
 ratio(n) = F_grpo / F_opd(n). The teacher's own GRPO FLOPs are excluded, as in the paper.
 
 * **S3-n1** holds iff ratio(n_min) > 1;
