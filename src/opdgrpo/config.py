@@ -250,6 +250,9 @@ def _validate_domains(cfg: dict[str, Any]) -> None:
         if float(dcfg.get("interference") or 0) > 0 and not hasattr(KINDS[kind], "SHARED_WRAP"):
             raise ConfigError(f"config key `domains.{name}.interference`: kind {kind!r} has no shared form (only the tiny "
                               f"synthetic kinds do); remove the key or set it to 0")
+        if float(dcfg.get("pretrain_slip") or 0) > 0 and not hasattr(KINDS[kind], "SHARED_WRAP"):
+            raise ConfigError(f"config key `domains.{name}.pretrain_slip`: kind {kind!r} has no pretraining stage (only "
+                              f"the tiny synthetic kinds pretrain their base models); remove the key or set it to 0")
         if getattr(KINDS[kind], "LAZY_POOLS", False):
             # Hub data sets load in the jobs (on the cluster, with the hub cache), not when the DAG is planned:
             # `snakemake -n` works offline. Their source blocks are checked here; rows are checked by the jobs.

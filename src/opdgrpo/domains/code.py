@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from opdgrpo.sandbox.execution import ProgramCheck, check_programs
 
-from .base import SharedForm, Task, check_style, stable_fraction
+from .base import SharedForm, Slip, Task, check_style, stable_fraction
 
 
 def _linear(expr: str) -> bool:
@@ -39,6 +39,7 @@ class CodeDomain:
         self.cfg = cfg
         self.prefix = str(cfg["prompt_prefix"])
         self.shared = SharedForm.from_config(cfg, self.name, self.prefix, self.SHARED_WRAP)
+        self.slip = Slip.from_config(cfg, self.name)
         if self.shared.strength > 0:   # shared/own-form accuracy per held-out set (evaluation's extra metrics)
             self.extra_metrics = self._shared_metrics
         self.visible_x = [int(x) for x in cfg["visible_x"]]
@@ -107,7 +108,10 @@ class CodeDomain:
                 return self.shared.for_pretraining(self._task(expr), rng)
 
     def demonstration(self, task: Task, style: str) -> str:
-        return self.shared.demonstration(task, self._demonstration(task, style))
+        text = self._demonstration(task, style)
+        if style == "brief":   # a slip: a stray name after the expression, a syntax error in the body
+            text = self.slip.apply(task, text, ["y", "z", "n"])
+        return self.shared.demonstration(task, text)
 
     def _demonstration(self, task: Task, style: str) -> str:
         check_style(style)

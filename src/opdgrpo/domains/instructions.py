@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from .base import SharedForm, Task, check_style, stable_fraction
+from .base import SharedForm, Slip, Task, check_style, stable_fraction
 
 MARKER = "=>"
 CONSTRAINT_KINDS = ("lower", "upper", "words", "start", "end", "has", "not", "rep", "sep", "wrap")
@@ -165,6 +165,7 @@ class InstructionDomain:
         self.kinds = [str(k) for k in cfg["constraint_kinds"]]
         self._validate()
         self.shared = SharedForm.from_config(cfg, self.name, self.prefix, self.SHARED_WRAP)
+        self.slip = Slip.from_config(cfg, self.name)
         if self.shared.strength > 0:   # shared/own-form accuracy per held-out set (evaluation's extra metrics)
             self.extra_metrics = self._shared_metrics
 
@@ -255,8 +256,8 @@ class InstructionDomain:
 
     def demonstration(self, task: Task, style: str) -> str:
         check_style(style)
-        if style == "brief":
-            return self.shared.demonstration(task, task.meta["brief"])
+        if style == "brief":   # a slip: one stray word after the answer (breaks the constraints that see it)
+            return self.shared.demonstration(task, self.slip.apply(task, task.meta["brief"], self.words))
         return self.shared.demonstration(task, f"{' '.join(c.note for c in task.answer)} {MARKER} {task.meta['brief']}")
 
     def _verify(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:

@@ -20,7 +20,7 @@ import random
 import string
 from typing import Any, Mapping, Sequence
 
-from .base import SharedForm, Task, check_style, stable_fraction
+from .base import SharedForm, Slip, Task, check_style, stable_fraction
 
 MARKER = "=>"
 ENTITY_VALUES = "entities"  # a relation whose values are the other entities (``friend``)
@@ -47,6 +47,7 @@ class KnowledgeDomain:
         self.cfg = cfg
         self.prefix = str(cfg["prompt_prefix"])
         self.shared = SharedForm.from_config(cfg, self.name, self.prefix, self.SHARED_WRAP)
+        self.slip = Slip.from_config(cfg, self.name)
         if self.shared.strength > 0:   # shared/own-form accuracy per held-out set (evaluation's extra metrics)
             self.extra_metrics = self._shared_metrics
         self.choices = int(cfg["choices"])
@@ -149,8 +150,10 @@ class KnowledgeDomain:
 
     def demonstration(self, task: Task, style: str) -> str:
         check_style(style)
-        if style == "brief":
-            return self.shared.demonstration(task, task.answer)
+        if style == "brief":   # a slip: a stray value word after the answer (the verifier reads the last word)
+            strays = sorted({str(v) for values in self.relations.values() if values != ENTITY_VALUES for v in values}
+                            - {task.answer})
+            return self.shared.demonstration(task, self.slip.apply(task, task.answer, strays))
         meta = task.meta
         return self.shared.demonstration(task, f"{meta['entity']} {meta['relation']} {meta['value']} {MARKER} {task.answer}")
 

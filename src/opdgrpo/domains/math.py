@@ -13,7 +13,7 @@ import random
 import re
 from typing import Any, Mapping, Sequence
 
-from .base import SharedForm, Task, check_style, stable_fraction
+from .base import SharedForm, Slip, Task, check_style, stable_fraction
 
 _LAST_INT = re.compile(r"-?\d+")
 
@@ -65,6 +65,7 @@ class MathDomain:
         self.shared = SharedForm.from_config(cfg, self.name, self.prefix, self.SHARED_WRAP)
         if self.shared.strength > 0:   # shared/own-form accuracy per held-out set (evaluation's extra metrics)
             self.extra_metrics = self._shared_metrics
+        self.slip = Slip.from_config(cfg, self.name)
 
     # -- instance space -----------------------------------------------------------------------
     def _random_instance(self, rng: random.Random, n_ops: int) -> tuple[list[int], list[str]]:
@@ -118,7 +119,10 @@ class MathDomain:
 
     def demonstration(self, task: Task, style: str) -> str:
         check_style(style)
-        text = str(task.answer) if style == "brief" else " ".join(task.meta["steps"])
+        if style == "brief":   # a slip: a stray digit after the answer (the verifier reads the last integer)
+            text = self.slip.apply(task, str(task.answer), [str(d) for d in range(10) if str(d) != str(task.answer)])
+        else:
+            text = " ".join(task.meta["steps"])
         return self.shared.demonstration(task, text)
 
     def _verify(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
