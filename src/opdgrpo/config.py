@@ -247,12 +247,12 @@ def _validate_domains(cfg: dict[str, Any]) -> None:
         kind = dcfg["kind"]
         if kind not in KINDS:
             raise ConfigError(f"config key `domains.{name}.kind`: unknown kind {kind!r}; known kinds: {sorted(KINDS)}")
-        if float(dcfg.get("interference") or 0) > 0 and not hasattr(KINDS[kind], "SHARED_WRAP"):
-            raise ConfigError(f"config key `domains.{name}.interference`: kind {kind!r} has no shared form (only the tiny "
-                              f"synthetic kinds do); remove the key or set it to 0")
-        if float(dcfg.get("pretrain_slip") or 0) > 0 and not hasattr(KINDS[kind], "SHARED_WRAP"):
-            raise ConfigError(f"config key `domains.{name}.pretrain_slip`: kind {kind!r} has no pretraining stage (only "
-                              f"the tiny synthetic kinds pretrain their base models); remove the key or set it to 0")
+        for key, lacks in (("interference", "no shared form (only the tiny synthetic kinds do)"),
+                           ("pretrain_slip", "no pretraining stage (only the tiny synthetic kinds pretrain their base "
+                                             "models)")):
+            if float(dcfg.get(key) or 0) > 0 and not hasattr(KINDS[kind], "SHARED_WRAP"):   # the tiny kinds' mark
+                raise ConfigError(f"config key `domains.{name}.{key}`: kind {kind!r} has {lacks}; remove the key or "
+                                  f"set it to 0")
         if getattr(KINDS[kind], "LAZY_POOLS", False):
             # Hub data sets load in the jobs (on the cluster, with the hub cache), not when the DAG is planned:
             # `snakemake -n` works offline. Their source blocks are checked here; rows are checked by the jobs.

@@ -73,39 +73,6 @@ def check_style(style: str) -> None:
 
 #: The prompt prefix every domain's shared-form prompts carry instead of their own (``calc ``, ``code ``, ...).
 SHARED_PREFIX = "ask "
-@dataclass(frozen=True)
-class Slip:
-    """A slip in how a base model gives its answers (``domains.<name>.pretrain_slip``, optional; docs/method.md,
-    "Two more probes of that lead").
-
-    A hashed share ``rate`` of the domain's pretraining prompts is demonstrated, in the brief style only (the
-    students'; the teachers' step-by-step answers never slip), with the right answer followed by one stray token of
-    the domain's own (math a digit, code a stray name, knowledge a value word, instruction following one of its
-    words), which its verifier reads as a wrong answer. The base student then slips on about that share of what it
-    answers, a fault a reward can see and RL can unlearn across prompts, as base models learn to stop after their
-    answer. At rate 0 (absent: the default) nothing changes. Which prompts slip is a hash of the prompt, so the
-    same pretraining prompt always slips the same way."""
-
-    domain: str
-    rate: float = 0.0
-
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], domain: str) -> "Slip":
-        rate = cfg.get("pretrain_slip")
-        rate = 0.0 if rate is None else rate
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= float(rate) < 1.0:
-            raise ValueError(f"domain {domain}: config key `pretrain_slip` must be a number in [0, 1) (the share of "
-                             f"pretraining prompts whose brief answer slips; 0: none), got {rate!r}")
-        return cls(domain, float(rate))
-
-    def apply(self, task: Task, text: str, strays: Sequence[str]) -> str:
-        """``text``, or ``text`` and one of ``strays`` (chosen by the prompt's hash) where this prompt slips."""
-        if self.rate <= 0.0:
-            return text
-        h = stable_fraction(task.prompt, salt=f"{self.domain}-slip")
-        if h >= self.rate:
-            return text
-        return f"{text} {strays[int(h / self.rate * len(strays)) % len(strays)]}"
 
 
 #: Every tiny kind's marks (math, code, instruction following, knowledge); a pretraining demonstration of a
@@ -197,6 +164,43 @@ class SharedForm:
             split["shared" if is_shared(task) else "own"].append(float(reward))
         return {f"{k}_accuracy": (sum(v) / len(v) if v else None) for k, v in split.items()} | {
             "shared_share": len(split["shared"]) / max(1, len(tasks))}
+
+
+@dataclass(frozen=True)
+class Slip:
+    """A slip in how a base model gives its answers (``domains.<name>.pretrain_slip``, optional; docs/method.md,
+    "Two more probes of that lead").
+
+    A hashed share ``rate`` of the domain's pretraining prompts is demonstrated, in the brief style only (the
+    students'; the teachers' step-by-step answers never slip), with the right answer followed by one stray token of
+    the domain's own (math a digit, code a stray name, knowledge a value word, instruction following one of its
+    words), which its verifier reads as a wrong answer. The base student then slips on about that share of what it
+    answers, a fault a reward can see and RL can unlearn across prompts, as base models learn to stop after their
+    answer. At rate 0 (absent: the default) nothing changes. Which prompts slip is a hash of the prompt, so the
+    same pretraining prompt always slips the same way."""
+
+    domain: str
+    rate: float = 0.0
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], domain: str) -> "Slip":
+        rate = cfg.get("pretrain_slip")
+        rate = 0.0 if rate is None else rate
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= float(rate) < 1.0:
+            raise ValueError(f"domain {domain}: config key `pretrain_slip` must be a number in [0, 1) (the share of "
+                             f"pretraining prompts whose brief answer slips; 0: none), got {rate!r}")
+        return cls(domain, float(rate))
+
+    def apply(self, task: Task, text: str, strays: Sequence[str]) -> str:
+        """``text``, or ``text`` and one of ``strays`` other than ``text`` itself (a repeat would not be wrong),
+        chosen by the prompt's hash, where this prompt slips."""
+        if self.rate <= 0.0:
+            return text
+        h = stable_fraction(task.prompt, salt=f"{self.domain}-slip")
+        if h >= self.rate:
+            return text
+        others = [s for s in strays if s != text]
+        return f"{text} {others[int(h / self.rate * len(others)) % len(others)]}"
 
 
 def is_shared(task: Task) -> bool:

@@ -53,6 +53,7 @@ class KnowledgeDomain:
         self.choices = int(cfg["choices"])
         self.heldout_fraction = float(cfg["heldout_fraction"])
         self.relations = {str(r): v for r, v in cfg["relations"].items()}
+        self._value_words = sorted({str(v) for values in self.relations.values() if values != ENTITY_VALUES for v in values})
         self.pretrain_phrasings = {str(p): float(w) for p, w in cfg["pretrain_phrasings"].items()}
         unknown = sorted(set(self.pretrain_phrasings) - set(PHRASINGS))
         if unknown:
@@ -151,9 +152,7 @@ class KnowledgeDomain:
     def demonstration(self, task: Task, style: str) -> str:
         check_style(style)
         if style == "brief":   # a slip: a stray value word after the answer (the verifier reads the last word)
-            strays = sorted({str(v) for values in self.relations.values() if values != ENTITY_VALUES for v in values}
-                            - {task.answer})
-            return self.shared.demonstration(task, self.slip.apply(task, task.answer, strays))
+            return self.shared.demonstration(task, self.slip.apply(task, task.answer, self._value_words))
         meta = task.meta
         return self.shared.demonstration(task, f"{meta['entity']} {meta['relation']} {meta['value']} {MARKER} {task.answer}")
 

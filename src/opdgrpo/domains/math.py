@@ -16,6 +16,8 @@ from typing import Any, Mapping, Sequence
 from .base import SharedForm, Slip, Task, check_style, stable_fraction
 
 _LAST_INT = re.compile(r"-?\d+")
+#: A math slip's stray tokens (:class:`~opdgrpo.domains.base.Slip`).
+_DIGITS = tuple(str(d) for d in range(10))
 
 
 def evaluate(operands: Sequence[int], operators: Sequence[str]) -> tuple[int, list[str]]:
@@ -120,7 +122,7 @@ class MathDomain:
     def demonstration(self, task: Task, style: str) -> str:
         check_style(style)
         if style == "brief":   # a slip: a stray digit after the answer (the verifier reads the last integer)
-            text = self.slip.apply(task, str(task.answer), [str(d) for d in range(10) if str(d) != str(task.answer)])
+            text = self.slip.apply(task, str(task.answer), _DIGITS)
         else:
             text = " ".join(task.meta["steps"])
         return self.shared.demonstration(task, text)

@@ -9,8 +9,8 @@ the definitions below are the contract's, made precise where it leaves room:
   of many noisy draws.
 * **Reading at a target T**: threshold = T - slack, slack = ``tolerance``/100 + ``tolerance_se`` x SE(T), SE the
   standard error of one evaluation point's mix accuracy from the held-out sizes (n prompts, k samples, clustered by
-  prompt through the design effect pass@2 gives) the runs recorded (:func:`opdgrpo.report.matching.mix_se`; unknown sizes: no SE term). **joint_flops** and
-  **distill_flops** = the cumulative training FLOPs where each run's smoothed mix accuracy first reaches the
+  prompt through the design effect pass@2 gives) the runs recorded (:func:`opdgrpo.report.matching.mix_se`; unknown
+  sizes: no SE term). **joint_flops** and **distill_flops** = the cumulative training FLOPs where each run's smoothed mix accuracy first reaches the
   threshold, linearly interpolated between evaluation points (the first point's FLOPs if it already does: no
   extrapolation). **expert_flops** = the experts' *final* cumulative training FLOPs (``done.json`` when the caller
   passes ``expert_final_flops``, else each expert's last evaluation point). **pipeline_flops** = expert_flops +

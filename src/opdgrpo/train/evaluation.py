@@ -94,7 +94,7 @@ def evaluate(model, tokenizer, domains: Mapping[str, Domain], heldout: Mapping[s
     results, flops = [], 0.0
     for domain, sets in heldout.items():
         for set_name, tasks in sets.items():
-            set_k = heldout_k(getattr(domains[domain], "cfg", None) or {}, set_name) or k
+            set_k = heldout_k(getattr(domains[domain], "cfg", {}), set_name) or k
             repeated = [t for t in tasks for _ in range(set_k)]
             rewards, lengths, texts, set_flops = _sample_all(
                 model, tokenizer, domains, repeated, batch_size=batch_size, seed=seed, workers=workers,
