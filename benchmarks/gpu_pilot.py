@@ -26,8 +26,14 @@ the jobs it exits 2 naming each job that would not fit.
     timeout 480 python benchmarks/gpu_pilot.py --json results/gpu_pilot.json     # one GPU (H200: about 6 minutes)
     python benchmarks/gpu_pilot.py --cpu-smoke --json /tmp/p.json                 # the same jobs at toy shapes on CPU
 
-Exit status: 0 every job finished as planned; 2 no device, or a GPU too small for the plan (nothing ran); 3 the
-time guard stopped it (the JSON holds what finished); 5 a job failed (its log's tail is in the JSON).
+The kill and resume keep two checkpoints of the student on disk at once (the one resumed from and the new one written
+beside it before the rotation), each its full weights and Adam state: 12 bytes a parameter, 45 GiB for the 4B shape.
+Where the work directory's disk holds less than that, the pilot refuses before anything runs; ``--no-resume`` then
+runs the OPD job once, checkpointing only at its end (one checkpoint), and the JSON says the resume went untested.
+
+Exit status: 0 every job finished as planned; 2 no device, a GPU too small for the plan, or a disk too small for two
+checkpoints (nothing ran); 3 the time guard stopped it (the JSON holds what finished); 5 a job failed (its log's tail
+is in the JSON).
 """
 
 from __future__ import annotations
@@ -85,6 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine", choices=("vllm", "hf"), default="vllm",
                    help="hf: the project's own sampler where vLLM is not installed (vLLM's start, sleep and sync "
                         "then go unmeasured)")
+    p.add_argument("--no-resume", action="store_true",
+                   help="run the OPD job once, one checkpoint at its end, for a disk that cannot hold two")
     p.add_argument("overrides", nargs="*", help="more config overrides (key=value), after the preset's")
     args = p.parse_args(argv)
     args.preset = "cpu" if args.cpu_smoke else "gpu"
@@ -113,6 +121,8 @@ def compose_plan(args: argparse.Namespace, results: Path, memory_gib: float | No
     from opdgrpo.plan.build import build_plan
 
     preset = PRESETS[args.preset]["overrides"]
+    if args.no_resume:   # one checkpoint, at the run's end
+        preset = [*preset, f"train.checkpoint_every={10**6}"]
     if args.engine == "hf":   # the engine's own keys go with it
         preset = [o for o in preset if "train.vllm" not in o] + list(WITHOUT_VLLM)
     overrides = ["profile=pilot", f"results_dir={results}", *preset, *args.overrides]
@@ -134,6 +144,25 @@ def predictions(cfg: dict[str, Any], plan) -> tuple[dict[str, dict[str, Any]], l
                       "engine_starts": None if engine is None else bool(engine.starts),
                       "max_model_len": None if engine is None else int(engine.max_model_len)}
     return out, unfit(cfg, estimates)
+
+
+def checkpoint_bytes(cfg: dict[str, Any], plan) -> int:
+    """One checkpoint of the OPD run's student: its full weights and Adam's two moments, all float32."""
+    from opdgrpo.cost.memory_model import ADAM_STATE_BYTES, Shape, params
+    from opdgrpo.cost.model import architecture, model_of
+
+    student = model_of(plan.jobs[OPD_RUN].config["student"]["from"], plan.jobs)
+    return int((4 + ADAM_STATE_BYTES) * params(Shape.of(architecture(cfg, student))))
+
+
+def disk_problem(workdir: Path, need: int) -> str | None:
+    """Why the kill and resume cannot run in ``workdir``: two checkpoints must fit at once."""
+    free = shutil.disk_usage(workdir).free
+    if free >= 2 * need:
+        return None
+    return (f"the kill and resume keep two checkpoints of {need / GIB:.1f} GiB on disk at once; {workdir} has "
+            f"{free / GIB:.1f} GiB free. Give --workdir on a larger disk, or --no-resume (the OPD run once, one "
+            f"checkpoint, the resume untested)")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -262,6 +291,10 @@ def expected(records: list[dict[str, Any]], plan) -> list[str]:
         if last is None or last["exit"] != 0 or not (Path(plan.jobs[job].out_dir) / "done.json").is_file():
             problems.append(f"{job} did not finish")
     killed = by.get((OPD_RUN, 1))
+    if (OPD_RUN, 2) not in by:   # --no-resume: one attempt, both steps
+        if killed is not None and killed["exit"] == 0 and [s["step"] for s in killed.get("steps", [])] != [0, 1]:
+            problems.append(f"{OPD_RUN}: its ledger holds steps {[s['step'] for s in killed.get('steps', [])]}")
+        return problems
     if killed is not None and killed["exit"] == 0:
         problems.append(f"{OPD_RUN}: the fault update:{KILLED_AT} did not stop it")
     resumed = by.get((OPD_RUN, 2))
@@ -311,7 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpu-pilot-"))
     cfg, plan = compose_plan(args, workdir / "results", memory)
     predicted, problems = predictions(cfg, plan)
+    need = checkpoint_bytes(cfg, plan)
+    disk = None if args.no_resume or args.plan_only else disk_problem(workdir, need)
     result: dict[str, Any] = {"schema": SCHEMA, "preset": args.preset, "status": "running", "commit": common.commit(),
+                              "resume": "untested (--no-resume)" if args.no_resume else "killed at update:1, resumed",
+                              "checkpoint_gib": round(need / GIB, 1),
                               "versions": common.versions(), "device": {"gpu_memory_gib": memory, "cpu": common.cpu_model()},
                               "jobs_planned": JOBS, "predicted": predicted, "jobs": []}
     print(f"gpu pilot ({args.preset}): {len(JOBS)} jobs of profile=pilot on {cfg['hardware']['name']} "
@@ -326,13 +363,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.plan_only:
         return 0
+    if disk:
+        result["status"] = "refused: " + disk
+        write(args.json, result)
+        print(f"gpu pilot: {disk}; nothing ran", file=sys.stderr)
+        return 2
     logs = workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     deadline, code = started + args.max_seconds, 0
     gpu = args.preset == "gpu"
     try:
         for job in JOBS:
-            attempts = [(1, f"update:{KILLED_AT}"), (2, None)] if job == OPD_RUN else [(1, None)]
+            attempts = [(1, f"update:{KILLED_AT}"), (2, None)] if job == OPD_RUN and not args.no_resume else [(1, None)]
             for attempt, fault in attempts:
                 record = run_job(plan, job, logs, deadline, gpu=gpu, attempt=attempt, fault=fault)
                 result["jobs"].append(record)
