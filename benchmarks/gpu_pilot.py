@@ -91,6 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine", choices=("vllm", "hf"), default="vllm",
                    help="hf: the project's own sampler where vLLM is not installed (vLLM's start, sleep and sync "
                         "then go unmeasured)")
+    p.add_argument("--jobs", nargs="+", choices=JOBS, help="run these of the pilot's jobs only (in the pilot's order; "
+                                                            "a job's inputs must be among them or already written)")
     p.add_argument("--no-resume", action="store_true",
                    help="run the OPD job once, one checkpoint at its end, for a disk that cannot hold two")
     p.add_argument("overrides", nargs="*", help="more config overrides (key=value), after the preset's")
@@ -281,12 +283,12 @@ def job_records(out_dir: Path, log: Path) -> dict[str, Any]:
 # The whole pilot
 
 
-def expected(records: list[dict[str, Any]], plan) -> list[str]:
+def expected(records: list[dict[str, Any]], plan, jobs: list[str] = JOBS) -> list[str]:
     """What a finished pilot must show, as failures: every job done, the killed attempt killed and resumed (steps
     0 and 1 once each), vLLM engines placed under torchrun."""
     problems = []
     by = {(r["job"], r["attempt"]): r for r in records}
-    for job in JOBS:
+    for job in jobs:
         last = max((r for r in records if r["job"] == job), key=lambda r: r["attempt"], default=None)
         if last is None or last["exit"] != 0 or not (Path(plan.jobs[job].out_dir) / "done.json").is_file():
             problems.append(f"{job} did not finish")
@@ -342,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
               "the CPU.", file=sys.stderr)
         return 2
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpu-pilot-"))
+    jobs = [j for j in JOBS if j in (args.jobs or JOBS)]
     cfg, plan = compose_plan(args, workdir / "results", memory)
     predicted, problems = predictions(cfg, plan)
     need = checkpoint_bytes(cfg, plan)
@@ -350,8 +353,8 @@ def main(argv: list[str] | None = None) -> int:
                               "resume": "untested (--no-resume)" if args.no_resume else "killed at update:1, resumed",
                               "checkpoint_gib": round(need / GIB, 1),
                               "versions": common.versions(), "device": {"gpu_memory_gib": memory, "cpu": common.cpu_model()},
-                              "jobs_planned": JOBS, "predicted": predicted, "jobs": []}
-    print(f"gpu pilot ({args.preset}): {len(JOBS)} jobs of profile=pilot on {cfg['hardware']['name']} "
+                              "jobs_planned": jobs, "predicted": predicted, "jobs": []}
+    print(f"gpu pilot ({args.preset}): {len(jobs)} jobs of profile=pilot on {cfg['hardware']['name']} "
           f"({cfg['hardware']['memory_gib']} GiB); the planner predicts per GPU:\n  " + "\n  ".join(
               f"{j}: {p['peak_gib']} GiB ({p['peak_phase']}), {60 * (p['hours'] or 0):.1f} min" for j, p in predicted.items()),
           flush=True)
@@ -373,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     deadline, code = started + args.max_seconds, 0
     gpu = args.preset == "gpu"
     try:
-        for job in JOBS:
+        for job in jobs:
             attempts = [(1, f"update:{KILLED_AT}"), (2, None)] if job == OPD_RUN and not args.no_resume else [(1, None)]
             for attempt, fault in attempts:
                 record = run_job(plan, job, logs, deadline, gpu=gpu, attempt=attempt, fault=fault)
@@ -384,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"(planner: {predicted.get(job, {}).get('peak_gib', '-')})", flush=True)
                 if record["exit"] != 0 and not fault:
                     raise RuntimeError(f"{job} failed (exit {record['exit']}); its log: {record['log']}")
-        problems = expected(result["jobs"], plan)
+        problems = expected(result["jobs"], plan, jobs)
         result["status"] = "complete" if not problems else "incomplete: " + "; ".join(problems)
         code = 5 if problems else 0
     except TimeGuard as err:
