@@ -60,3 +60,29 @@ def test_on_meta_it_has_a_shape_and_no_weights(random_dir):
     model = load_model(random_dir, device="meta")
     assert next(model.parameters()).is_meta
     assert parameter_count(model) == parameter_count(load_model(random_dir))
+
+
+def test_weights_are_drawn_on_the_gpu_where_there_is_one_whatever_device_they_live_on(monkeypatch):
+    """The GPU path, checked by what it chooses: a trainer that shards from host memory draws on the GPU, as the base
+    job that evaluated the same model there did (the GPU pilot: 12 billion draws on the CPU took minutes)."""
+    from opdgrpo.train import models
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert models._draw_device(cpu) == cpu
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert models._draw_device(cpu) == torch.device("cuda", 3)
+    assert models._draw_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
+
+
+def test_transformers_own_initialisation_is_skipped_and_every_parameter_is_drawn(random_dir, monkeypatch):
+    """draw_weights sets every parameter, so transformers' draw at construction is skipped: the model is the same
+    as when both ran."""
+    from transformers import initialization
+
+    skipped = load_model(random_dir, dtype=torch.float32)
+    monkeypatch.setattr("opdgrpo.train.models.no_init_weights", initialization.guard_torch_init_functions)
+    both = load_model(random_dir, dtype=torch.float32)
+    for (name, a), (_, b) in zip(skipped.state_dict().items(), both.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name

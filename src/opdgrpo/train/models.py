@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
+from transformers.initialization import no_init_weights
 
 from opdgrpo import schema
 from opdgrpo.train.precision import check as check_precision
@@ -55,16 +56,26 @@ def draw_weights(model: torch.nn.Module, seed: int, std: float) -> None:
     """A random model's weights, drawn in place where they live: every matrix from N(0, ``std``) in float32 (then
     rounded to the parameter's dtype, so a model loaded in bfloat16 is the float32 one rounded), each from its own
     generator seeded by a 32-bit hash of ``seed`` and the parameter's name (the CPU generator keeps 32 bits);
-    RMSNorm gains 1 (Qwen3 has no biases). The draw is a function of the seed and the device type (CPU and CUDA
-    generators differ)."""
+    RMSNorm gains 1 (Qwen3 has no biases). Drawn on the GPU where there is one, whatever device the parameter lives
+    on: a trainer that shards from host memory then holds the same model as the base job that evaluated it on the
+    GPU, and 12 billion draws take seconds, not the minutes the CPU generator takes (the GPU pilot). The draw is a
+    function of the seed and of whether a GPU is present (CPU and CUDA generators differ)."""
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.dim() == 1:
                 param.fill_(1.0)
                 continue
-            generator = torch.Generator(param.device).manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
-            draw = torch.empty(param.shape, dtype=torch.float32, device=param.device)
+            where = _draw_device(param.device)
+            generator = torch.Generator(where).manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
+            draw = torch.empty(param.shape, dtype=torch.float32, device=where)
             param.copy_(draw.normal_(0.0, std, generator=generator))
+
+
+def _draw_device(home: torch.device) -> torch.device:
+    """Where a random weight is drawn: the current GPU when there is one, else where it lives."""
+    if home.type == "cuda" or not torch.cuda.is_available():
+        return home
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _load_random(path: Path, dtype: torch.dtype, attn_implementation: str, device: torch.device | str | None) -> PreTrainedModel:
@@ -73,7 +84,7 @@ def _load_random(path: Path, dtype: torch.dtype, attn_implementation: str, devic
     seed = int(json.loads((path / RANDOM_INIT).read_text())["seed"])
     config = AutoConfig.from_pretrained(str(path))
     target = torch.device(device or "cpu")
-    with target:
+    with target, no_init_weights():   # draw_weights sets every parameter; transformers' own draw would be wasted
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     if target.type != "meta":
         draw_weights(model, seed, float(config.initializer_range))
