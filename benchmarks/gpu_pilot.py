@@ -159,7 +159,8 @@ def checkpoint_bytes(cfg: dict[str, Any], plan) -> int:
 
 def disk_problem(workdir: Path, need: int) -> str | None:
     """Why the kill and resume cannot run in ``workdir``: two checkpoints must fit at once."""
-    free = shutil.disk_usage(workdir).free
+    existing = next(d for d in (workdir, *workdir.parents) if d.exists())   # the work directory may not exist yet
+    free = shutil.disk_usage(existing).free
     if free >= 2 * need:
         return None
     return (f"the kill and resume keep two checkpoints of {need / GIB:.1f} GiB on disk at once; {workdir} has "

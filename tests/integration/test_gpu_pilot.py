@@ -69,3 +69,18 @@ def test_time_guard_stops_with_exit_3_and_keeps_the_json(tmp_path):
     code = _in_process("--cpu-smoke", "--max-seconds", "0", "--json", str(out), "--workdir", str(tmp_path / "w"))
     result = json.loads(out.read_text())
     assert code == 3 and result["status"].startswith("stopped:") and result["jobs"] == []
+
+
+def test_a_disk_too_small_for_two_checkpoints_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    """The lent H200 had 64 GiB free; the kill and resume keep two 45 GiB checkpoints of the 4B student at once."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_pilot
+
+    monkeypatch.setattr(gpu_pilot.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 64 * 2**30})())
+    out = tmp_path / "p.json"
+    code = gpu_pilot.main(["--gpu-memory-gib", "139", "--json", str(out), "--workdir", str(tmp_path / "w")])
+    err = capsys.readouterr().err
+    assert code == 2 and "two checkpoints of 45.0 GiB" in err and "64.0 GiB free" in err and "--no-resume" in err
+    result = json.loads(out.read_text())
+    assert result["status"].startswith("refused:") and result["jobs"] == [] and result["checkpoint_gib"] == 45.0
+    assert not (tmp_path / "w" / "logs").exists()
