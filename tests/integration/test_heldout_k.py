@@ -18,6 +18,7 @@ def test_a_sets_own_k_is_sampled_and_recorded(smoke_world):
     job = plan.jobs["grpo-student-math-s0"].config
     cfg = copy.deepcopy(job["domains"]["math"])
     cfg["heldout"]["amc"]["k"] = 1
+    cfg["heldout"]["aime"].pop("k", None)   # the tiny world sets k 1 on both; without it the run's k applies
     domains = {"math": build_domain(cfg)}
     heldout = heldout_for(domains, ["math"])
     model = load_model(job["student"]["path"], trainable=False)

@@ -15,7 +15,8 @@ KINDS = ("math", "code", "knowledge", "ifeval")
 
 
 def _domains(*overrides: str) -> dict:
-    cfg = compose(["profile=smoke", *overrides])
+    """The smoke world (which slips, as tiny does) with no slip unless ``overrides`` set one."""
+    cfg = compose(["profile=smoke", *(f"domains.{d}.pretrain_slip=0" for d in KINDS), *overrides])
     return {name: build_domain(cfg["domains"][name]) for name in KINDS}
 
 
@@ -25,7 +26,9 @@ def _pretraining(domain, n: int = 300) -> list:
 
 
 def test_absent_or_zero_changes_no_demonstration():
-    plain, zero = _domains(), _domains(*(f"+domains.{d}.pretrain_slip=0" for d in KINDS))
+    plain = {name: build_domain({k: v for k, v in cfg.items() if k != "pretrain_slip"})
+             for name, cfg in compose(["profile=smoke"])["domains"].items() if name in KINDS}
+    zero = _domains()
     for name in KINDS:
         tasks = _pretraining(plain[name])
         for style in ("brief", "thinking"):
@@ -34,7 +37,7 @@ def test_absent_or_zero_changes_no_demonstration():
 
 
 def test_a_slip_is_a_stray_token_after_the_right_answer_that_the_verifier_reads_as_wrong():
-    plain, slipping = _domains(), _domains(*(f"+domains.{d}.pretrain_slip=0.5" for d in KINDS))
+    plain, slipping = _domains(), _domains(*(f"domains.{d}.pretrain_slip=0.5" for d in KINDS))
     for name in KINDS:
         tasks = _pretraining(plain[name])
         clean = [plain[name].demonstration(t, "brief") for t in tasks]
@@ -55,7 +58,7 @@ def test_a_slip_is_a_stray_token_after_the_right_answer_that_the_verifier_reads_
 
 
 def test_the_same_prompt_always_slips_the_same_way():
-    domain = _domains("+domains.math.pretrain_slip=0.5")["math"]
+    domain = _domains("domains.math.pretrain_slip=0.5")["math"]
     tasks = _pretraining(domain, 50)
     assert [domain.demonstration(t, "brief") for t in tasks] == [domain.demonstration(t, "brief") for t in tasks]
 
@@ -63,7 +66,7 @@ def test_the_same_prompt_always_slips_the_same_way():
 @pytest.mark.parametrize("value", [1.0, -0.1, "x"])
 def test_a_bad_rate_names_the_key(value):
     with pytest.raises(ConfigError, match="domains.code.pretrain_slip"):
-        compose(["profile=smoke", f"+domains.code.pretrain_slip={value}"])
+        compose(["profile=smoke", f"domains.code.pretrain_slip={value}"])
     with pytest.raises(ValueError, match="pretrain_slip"):
         Slip.from_config({"pretrain_slip": True}, "code")
 
@@ -71,3 +74,9 @@ def test_a_bad_rate_names_the_key(value):
 def test_a_hub_domain_refuses_it():
     with pytest.raises(ConfigError, match="domains.math.pretrain_slip.*no pretraining stage"):
         compose(["profile=paper", "+domains.math.pretrain_slip=0.3"])
+
+
+def test_the_tiny_world_slips_half_of_every_domain_and_the_domain_files_none():
+    tiny = compose(["profile=tiny"])["domains"]
+    assert {d: tiny[d]["pretrain_slip"] for d in KINDS} == {d: 0.5 for d in KINDS}
+    assert {d: domain.slip.rate for d, domain in _domains().items()} == {d: 0.0 for d in KINDS}
