@@ -35,3 +35,12 @@ def test_a_threshold_under_zero_is_drawn_on_the_axis_and_says_so():
 def test_a_threshold_above_zero_is_drawn_where_it_is():
     points = _panel(0.004).points
     assert [y for _, y, _ in points] == [0.4, 0.4] and points[0][2] == "reached (target - tolerance)"
+
+
+def test_the_target_line_says_whose_best_it_is_and_a_mixed_row_says_it_is_a_mean():
+    from opdgrpo.report.studies.consolidation import target_label
+
+    assert target_label("joint") == "target: joint GRPO's best (smoothed)"
+    assert target_label("pipeline") == "target: the distillation's best (smoothed)"
+    assert target_label("joint, pipeline") == "target: mean of the seeds' targets (joint, pipeline decide)"
+    assert [label for _, label in _panel(0.005).hlines] == ["target: joint GRPO's best (smoothed)"]

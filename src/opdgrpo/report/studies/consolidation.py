@@ -130,6 +130,12 @@ def savings_fields(result: Mapping[str, Any], rule: Any) -> dict[str, Any]:
     }
 
 
+def target_label(direction: str | None) -> str:
+    """The target line's legend: whose best it is, or, over seeds that decided different ways, a mean of both kinds."""
+    whose = {"joint": "target: joint GRPO's best (smoothed)", "pipeline": "target: the distillation's best (smoothed)"}
+    return whose.get(str(direction), f"target: mean of the seeds' targets ({direction} decide)")
+
+
 def _mix_panel(key: str, entry: ConsolidationEntry, ctx: PlotContext) -> Panel:
     """The mix panel: joint GRPO, and the distillation shifted right by the experts' FLOPs, with the matched points."""
     domains = list(entry["domains"])
@@ -146,8 +152,7 @@ def _mix_panel(key: str, entry: ConsolidationEntry, ctx: PlotContext) -> Panel:
     mix.vlines.append((expert_flops, f"experts' total {format_flops(expert_flops)}"))
     if sav.get("target_accuracy") is not None:
         level = sav.get("threshold_accuracy", sav["target_accuracy"])  # the target less the tolerance
-        whose = "joint GRPO" if sav.get("direction") == "joint" else "the distillation"
-        mix.hlines.append((100.0 * sav["target_accuracy"], f"target: {whose}'s best (smoothed)"))
+        mix.hlines.append((100.0 * sav["target_accuracy"], target_label(sav.get("direction"))))
         # a threshold under 0% (a target within its tolerance of nothing) is reached by any curve: drawn on the axis
         label = "reached (target - tolerance)" if level >= 0.0 else "reached (target - tolerance < 0%: drawn at 0%)"
         reached = [sav.get("joint_flops"), sav.get("pipeline_flops") if sav.get("distill_flops") is not None else None]
