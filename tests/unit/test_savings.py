@@ -148,6 +148,16 @@ def test_the_papers_direction_needs_a_joint_gain_of_min_joint_gain_se(gain_se, d
                    min_joint_gain_se=1.5)["direction"] == "joint"
 
 
+def test_joint_grpos_gain_is_measured_from_its_unsmoothed_start() -> None:
+    # a joint run that rises at once: 20% -> 26% by its second point, then flat. Smoothed over 3 points its first point
+    # is (20 + 26) / 2 = 23%, which would halve the gain; its start is the base model's step-0 evaluation, 20%.
+    rising = [(0, 0, both(0.2)), (10, 100, both(0.26)), (20, 200, both(0.26)), (30, 300, both(0.26))]
+    r = savings([(0, 0, both(0.2)), (1, 10, both(0.6))], joint=rising, eval_sizes=SIZES, smooth_window=3)
+    assert r["joint_gain"] == pytest.approx(0.06)
+    assert r["min_joint_gain"] == pytest.approx(3 * mix_se(0.26, SIZES, ["math", "code"]))
+    assert r["direction"] == "joint"   # 6 points is past 3 SE (4.0 points); from the smoothed 23% (3 points) it would not be
+
+
 def test_sign_over_seeds_uses_the_interval_for_figures_and_agreement_for_bounds() -> None:
     assert sign_over_seeds([(0.3, ""), (0.32, ""), (0.31, "")]) == "positive"
     assert sign_over_seeds([(0.3, ""), (-0.5, ""), (0.31, "")]) == "inconclusive"

@@ -265,3 +265,16 @@ def test_measurability_conditions_are_met_where_every_method_learns_and_named_wh
     assert all(r["in_se"] < -5 for r in failed)
     md = conditions_markdown(w["spec"], curves, w["runs"])
     assert "**Met: 3 of 5.**" in md and md.count("| **no** |") == 2
+
+
+def test_a_conditions_gain_is_measured_from_the_runs_unsmoothed_start(tmp_path):
+    # an expert that rises at once (20% -> 30% by step 20, then flat): the 3-point smoothed curve's first point is 25%,
+    # which would halve its gain; the condition measures from the base model's step-0 evaluation, 20%
+    from opdgrpo.report.conditions import _gain
+    from opdgrpo.report.curves import CURVE_COLUMNS
+
+    rows = [{"run": "e", "study": "S4", "method": "grpo", "train_domains": "code", "seed": 0, "step": step,
+             "cumulative_flops": 10.0 * step, "eval_domain": "code", "eval_set": "lcb", "accuracy": acc,
+             "mean_response_length": 8.0} for step, acc in [(0, 0.2), (20, 0.3), (40, 0.3), (60, 0.3)]]
+    start, best, se = _gain(pd.DataFrame(rows, columns=CURVE_COLUMNS), "e", ["code"], 3, tmp_path)
+    assert (start, best) == (pytest.approx(0.2), pytest.approx(0.3)) and se is None   # no evals.jsonl: sizes unknown

@@ -13,9 +13,11 @@ rests on a world that meets them:
   within :data:`DISTILL_SHORTFALL_SE` (1) standard error of that domain's expert's best (the paper's consolidated
   student matches its experts).
 
-Gains are best minus first point of the smoothed curve (the study's ``smooth_window``), in standard errors of one
-evaluation point at the best (:func:`opdgrpo.report.matching.mix_se`, from each run's recorded held-out sizes and
-the design effect its pass@2 gives: errors clustered by prompt).
+Gains are the best of the smoothed curve (the study's ``smooth_window``) minus the run's start, its step-0
+evaluation unsmoothed: the base model every run of a seed starts from, whose smoothed first point would average in
+step 20, by which most of a rise has happened. In standard errors of one evaluation point at the best
+(:func:`opdgrpo.report.matching.mix_se`, from each run's recorded held-out sizes and the design effect its pass@2
+gives: errors clustered by prompt).
 """
 
 from __future__ import annotations
@@ -39,20 +41,25 @@ DISTILL_SHORTFALL_SE = 1.0
 STUDIES = ("S4", "S5")
 
 
-def _curve(curves: pd.DataFrame, run: str, domains: Sequence[str], window: int) -> list[float]:
-    """A run's smoothed accuracy on one domain or the mix of several, in step order."""
+def _raw_curve(curves: pd.DataFrame, run: str, domains: Sequence[str]) -> list[float]:
+    """A run's accuracy on one domain or the mix of several, in step order (NaN where a point is incomplete)."""
     if len(domains) == 1:
         acc = domain_curve(curves, run, domains[0]).sort_values("step")["accuracy"]
     else:
         acc = mix_accuracy(run_curve(curves, run), domains).sort_values("step", kind="stable")["accuracy"]
-    return [a for a in smooth(acc.tolist(), window) if not math.isnan(a)]
+    return [float(a) for a in acc.tolist()]
+
+
+def _curve(curves: pd.DataFrame, run: str, domains: Sequence[str], window: int) -> list[float]:
+    """A run's smoothed accuracy on one domain or the mix of several, in step order."""
+    return [a for a in smooth(_raw_curve(curves, run, domains), window) if not math.isnan(a)]
 
 
 def _gain(curves: pd.DataFrame, run: str, domains: Sequence[str], window: int, runs_dir: Path) -> tuple[float, float, float | None]:
-    """(first, best, SE at the best) of a run's smoothed curve on ``domains``."""
-    acc = _curve(curves, run, domains, window)
-    best = max(acc)
-    return acc[0], best, mix_se(best, eval_sizes(runs_dir / run), domains)
+    """(start, best, SE at the best): the run's first evaluation unsmoothed, its smoothed curve's best on ``domains``."""
+    start = next(a for a in _raw_curve(curves, run, domains) if not math.isnan(a))
+    best = max(_curve(curves, run, domains, window))
+    return start, best, mix_se(best, eval_sizes(runs_dir / run), domains)
 
 
 def condition_rows(spec: Mapping[str, Any], curves: pd.DataFrame, runs_dir: Path) -> list[dict[str, Any]]:
@@ -104,8 +111,8 @@ def conditions_markdown(spec: Mapping[str, Any], curves: pd.DataFrame, runs_dir:
              "(docs/method.md, \"Measurability conditions\"): every GRPO expert gains at least "
              f"{EXPERT_GAIN_SE:g} standard errors (SE) of one evaluation in its own domain; joint GRPO gains at least "
              "`min_joint_gain_se` SE on its mix; in every domain the multi-teacher distillation's best comes within "
-             f"{DISTILL_SHORTFALL_SE:g} SE of that domain's expert's best. Gains: best minus first point of the "
-             "smoothed curve; SE at the best, from the run's held-out sizes, clustered by prompt (the k samples "
+             f"{DISTILL_SHORTFALL_SE:g} SE of that domain's expert's best. Gains: the smoothed curve's best minus the "
+             "run's start (its step-0 evaluation, unsmoothed); SE at the best, from the run's held-out sizes, clustered by prompt (the k samples "
              "of a prompt count as k_eff independent ones, read from pass@2). Measured from this run's run "
              "directories.", ""]
     if not rows:

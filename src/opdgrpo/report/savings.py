@@ -21,9 +21,10 @@ the definitions below are the contract's, made precise where it leaves room:
   whole run). A joint run whose start already reaches the threshold gives savings of minus infinity: the pipeline
   pays FLOPs for nothing the joint run lacks. ``savings_bound`` says which ("" for a figure).
 * **Two directions.** The paper's: T = joint GRPO's best smoothed mix accuracy. It is quoted only when joint GRPO
-  gained at least ``min_joint_gain_se`` standard errors of one evaluation (3 by default) over its first smoothed
-  point: below that its best is noise around its start, its FLOPs to it are near 0 and the savings are ill-conditioned
-  (a 1.75-point gain gave -308%). Otherwise the comparison is read the other way: T = the distillation's best
+  gained at least ``min_joint_gain_se`` standard errors of one evaluation (3 by default) over its start, its
+  step-0 evaluation unsmoothed (the base model; a smoothed first point would average in the rise to step 20): below
+  that its best is noise around its start, its FLOPs to it are near 0 and the savings are ill-conditioned (a
+  1.75-point gain gave -308%). Otherwise the comparison is read the other way: T = the distillation's best
   smoothed mix accuracy, and joint GRPO's FLOPs to reach it. Every seed so gets a figure or a bound; ``direction``
   says which decided, ``other`` holds the other reading. ``savings_sign`` (:func:`savings_sign`) is what a verdict
   can use: a figure's sign, a bound's where the bound settles it, else unknown.
@@ -216,7 +217,7 @@ def compute_savings(
         return _read_at(target, mix_se(target, eval_sizes, domains), rule, sides[joint], sides[distill], expert_flops)
 
     paper, reverse = read(best[joint][0]), read(best[distill][0])
-    start = next(a for a in sides[joint][1] if not math.isnan(a))
+    start = next(a for a in _raw_mix(curves, joint, domains) if not math.isnan(a))
     gain, least = best[joint][0] - start, rule.min_gain(paper["eval_se"])
     quoted = gain >= least - _EPS and (paper["joint_flops"] or 0.0) > 0
     decided, other = (paper, reverse) if quoted else (reverse, paper)
@@ -321,6 +322,11 @@ def format_savings(savings: float | None, bound: str = "") -> str:
     if math.isinf(savings):
         return "-inf" if savings < 0 else "inf"
     return {"upper": "<= ", "lower": ">= "}.get(bound, "") + f"{100 * savings:.1f}%"
+
+
+def _raw_mix(curves: pd.DataFrame, run: str, domains: Sequence[str]) -> list[float]:
+    """A run's mix accuracy at its evaluation points in step order, unsmoothed (NaN where a point is incomplete)."""
+    return [float(a) for a in _mix_curve(curves, run, domains)["accuracy"]]
 
 
 def _smoothed_mix(curves: pd.DataFrame, run: str, domains: Sequence[str], window: int) -> tuple[list[float], list[float]]:
