@@ -30,7 +30,7 @@ from typing import Any
 import pandas as pd
 
 from opdgrpo.report.curves import domain_curve, format_pct, instance_seed, mix_accuracy, run_curve, study_instances
-from opdgrpo.report.matching import DEFAULT_MIN_JOINT_GAIN_SE, MatchRule, eval_sizes, mix_se, smooth
+from opdgrpo.report.matching import DEFAULT_MIN_JOINT_GAIN_SE, MatchRule, eval_sizes, mix_se, smooth, start_of
 
 #: An expert's gain in its own domain, in standard errors of one evaluation, for the world to count as one where
 #: GRPO learns (docs/method.md, "Measurability conditions").
@@ -57,7 +57,7 @@ def _curve(curves: pd.DataFrame, run: str, domains: Sequence[str], window: int) 
 
 def _gain(curves: pd.DataFrame, run: str, domains: Sequence[str], window: int, runs_dir: Path) -> tuple[float, float, float | None]:
     """(start, best, SE at the best): the run's first evaluation unsmoothed, its smoothed curve's best on ``domains``."""
-    start = next(a for a in _raw_curve(curves, run, domains) if not math.isnan(a))
+    start = start_of(_raw_curve(curves, run, domains))
     best = max(_curve(curves, run, domains, window))
     return start, best, mix_se(best, eval_sizes(runs_dir / run), domains)
 
@@ -111,9 +111,9 @@ def conditions_markdown(spec: Mapping[str, Any], curves: pd.DataFrame, runs_dir:
              "(docs/method.md, \"Measurability conditions\"): every GRPO expert gains at least "
              f"{EXPERT_GAIN_SE:g} standard errors (SE) of one evaluation in its own domain; joint GRPO gains at least "
              "`min_joint_gain_se` SE on its mix; in every domain the multi-teacher distillation's best comes within "
-             f"{DISTILL_SHORTFALL_SE:g} SE of that domain's expert's best. Gains: the smoothed curve's best minus the "
-             "run's start (its step-0 evaluation, unsmoothed); SE at the best, from the run's held-out sizes, clustered by prompt (the k samples "
-             "of a prompt count as k_eff independent ones, read from pass@2). Measured from this run's run "
+             f"{DISTILL_SHORTFALL_SE:g} SE of that domain's expert's best. Gains: the smoothed curve's best minus "
+             "the run's start (its step-0 evaluation, unsmoothed); SE at the best, from the run's held-out sizes, "
+             "clustered by prompt (the k samples of a prompt count as k_eff independent ones, read from pass@2). Measured from this run's run "
              "directories.", ""]
     if not rows:
         return "\n".join(lines + ["No consolidation study (S4, S5) in the report spec.", ""])

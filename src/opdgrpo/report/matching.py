@@ -122,6 +122,13 @@ def smooth(accuracy: Sequence[float], window: int) -> list[float]:
     return out
 
 
+def start_of(accuracy: Sequence[float]) -> float:
+    """A run's start, where its gains are measured from: its first complete evaluation, unsmoothed. Every run of a
+    seed starts from the same base model, evaluated with the same draws; a smoothed first point would average in the
+    rise to the next evaluation (docs/method.md, "The default world, second revision")."""
+    return next(float(a) for a in accuracy if not math.isnan(float(a)))
+
+
 def mix_se(accuracy: float, sizes: EvalSizes | None, domains: Sequence[str]) -> float | None:
     """Binomial standard error of one evaluation point's mix accuracy (module docstring); None when a domain's
     held-out sizes are unknown."""

@@ -66,6 +66,7 @@ from opdgrpo.report.matching import (
     eval_sizes,
     mix_se,
     smooth,
+    start_of,
 )
 
 #: Slack for comparing accuracies that went through a mean of floats (so a point equal to the target counts).
@@ -217,7 +218,7 @@ def compute_savings(
         return _read_at(target, mix_se(target, eval_sizes, domains), rule, sides[joint], sides[distill], expert_flops)
 
     paper, reverse = read(best[joint][0]), read(best[distill][0])
-    start = next(a for a in _raw_mix(curves, joint, domains) if not math.isnan(a))
+    start = start_of(_mix_curve(curves, joint, domains)["accuracy"])
     gain, least = best[joint][0] - start, rule.min_gain(paper["eval_se"])
     quoted = gain >= least - _EPS and (paper["joint_flops"] or 0.0) > 0
     decided, other = (paper, reverse) if quoted else (reverse, paper)
@@ -322,11 +323,6 @@ def format_savings(savings: float | None, bound: str = "") -> str:
     if math.isinf(savings):
         return "-inf" if savings < 0 else "inf"
     return {"upper": "<= ", "lower": ">= "}.get(bound, "") + f"{100 * savings:.1f}%"
-
-
-def _raw_mix(curves: pd.DataFrame, run: str, domains: Sequence[str]) -> list[float]:
-    """A run's mix accuracy at its evaluation points in step order, unsmoothed (NaN where a point is incomplete)."""
-    return [float(a) for a in _mix_curve(curves, run, domains)["accuracy"]]
 
 
 def _smoothed_mix(curves: pd.DataFrame, run: str, domains: Sequence[str], window: int) -> tuple[list[float], list[float]]:
