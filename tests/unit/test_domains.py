@@ -70,6 +70,24 @@ def test_code_verifier_right_wrong_malformed(code_domain):
     assert code_domain.score([task] * 7, right + wrong) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
 
 
+def test_code_thinking_demonstrations_work_every_function_out():
+    """The tiny world's families, the quadratic with a slope included: a teacher's demonstration of every function
+    passes the hidden tests and works the constants out from the visible values (never the bare expression, which
+    would teach recall, not the skill the held-out functions need)."""
+    domain = build_domain(compose(["profile=tiny"], CONF)["domains"]["code"])
+    tasks = domain.training_pool() + [t for tasks in domain.heldout_sets().values() for t in tasks]
+    assert any("x*x*" in t.meta["expression"] and "+" in t.meta["expression"] for t in tasks)
+    assert domain.score(tasks, [domain.demonstration(t, "thinking") for t in tasks]) == [1.0] * len(tasks)
+    for t in tasks:
+        steps = domain._demonstration(t, "thinking")
+        assert "\n" in steps and steps.rstrip().endswith(("x*a+b", "x*x*a", "x*x+b", "x*x*a+b")), (t.meta, steps)
+
+
+def test_a_family_the_demonstrations_do_not_know_is_a_clear_error(cfg):
+    with pytest.raises(ValueError, match=r"domains\.code\.families.*x\*x\*a\+b"):
+        build_domain(dict(cfg["domains"]["code"], families=["x*{a}+{b}", "{b}-x*x"]))
+
+
 def test_code_fraction_reward(cfg):
     domain = build_domain(dict(cfg["domains"]["code"], reward="fraction"))
     task = domain.training_pool()[0]

@@ -50,6 +50,7 @@ class CodeDomain:
         self.sandbox = dict(cfg["sandbox"])
         self.rl_fraction = float(cfg.get("rl_fraction") or 0.0)
         self._space = self._instance_space()
+        self._check_demonstrations()
 
     def _instance_space(self) -> list[tuple[str, str]]:
         """Every distinct function (expression, share: ``heldout``, ``rl`` or ``pretrain``), in a fixed order."""
@@ -72,6 +73,19 @@ class CodeDomain:
             h = stable_fraction(expr, salt=self.name)
             return "heldout" if h < heldout else "rl" if h < heldout + rl else "pretrain"
         return [(expr, share(expr)) for expr in sorted(seen.values())]
+
+    def _check_demonstrations(self) -> None:
+        """The teachers' step-by-step demonstrations know a few shapes of function (``_demonstration``); a family
+        outside them would be taught a wrong program in silence, so every function's is run here, once."""
+        for expr, _ in self._space:
+            task = self._task(expr)
+            scope: dict[str, Any] = {}
+            exec(self.program(self._demonstration(task, "thinking")), {}, scope)  # noqa: S102 - our own templates
+            if any(scope["f"](x) != v for x, v in task.meta["values"].items()):
+                raise ValueError(f"domain {self.name}: the teachers' step-by-step demonstration does not compute "
+                                 f"{expr!r}; config key `domains.{self.name}.families` holds a family "
+                                 f"`CodeDomain._demonstration` does not know (it knows linear ones, and x*x+b, "
+                                 f"x*x*a and x*x*a+b while `domains.{self.name}.visible_x` starts 0, 1)")
 
     def _task(self, expr: str) -> Task:
         values = {x: eval(expr, {}, {"x": x}) for x in self.visible_x + self.hidden_x}  # noqa: S307
@@ -124,6 +138,8 @@ class CodeDomain:
             if b is not None and x1 == 1:
                 return f" b={values[0]}\n a={values[1]}-b\n return x*a+b"
             return f" return {expr}"
+        if expr.startswith("x*x*") and "+" in expr and (x0, x1) == (0, 1):   # x*x*a+b: b at 0, then a at 1
+            return f" b={values[0]}\n a={values[1]}-b\n return x*x*a+b"
         if expr.startswith("x*x*"):
             return f" a={values[1]}\n return x*x*a"
         return f" b={values[0]}\n return x*x+b"
