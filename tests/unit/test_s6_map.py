@@ -232,6 +232,9 @@ def test_each_budget_reads_the_distillation_cut_at_its_step():
     assert len([line for line in text.splitlines() if line.startswith("| 0.5 | 1 | 10 |")]) == 1
     fig = map_figure(frame, instances[0])
     assert len(fig.axes) == 6   # a savings map per budget, the collapse map, and their colour bars
+    # a cell with no mean shows every seed's reading, one per line, so three bounds fit the cell's width
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    assert any(label.startswith("\n".join(["<= 83.3%"] * 3) + "\n") for label in labels), labels
 
 
 def test_one_seed_gives_values_without_intervals():
