@@ -196,12 +196,26 @@ def tolerance_view(name: str, pin):
     zero loss and gradient, and one reward flipped by another CPU's sampling makes both jump (an AVX2 build gave a
     gradient norm of 0.32 where both pinned machines had 0). They are left to the bitwise pins and to
     ``tests/unit/test_losses.py``'s hand-worked values; the GRPO ledger's FLOPs, tokens, rewards and lengths are compared.
+    A base model's evaluation after the smoke pretraining's 30 steps solves almost nothing, and where its answers stop
+    is decided by the last bits: its code answers' mean length was 18.7-22.8 tokens on the four pinned machines and
+    12.0 on an Intel Xeon with AMX (bf16, fingerprint aa68d3cc3fcb7cef, 2026-12-05), whose other tolerance checks all
+    passed. Those lengths are left to the bitwise pins; the evaluations' accuracies are compared.
     """
     if name.startswith("sampler/"):
         return _sampler_summary(pin)
     if name.startswith("grpo-") and name.endswith("/ledger"):
         return [{k: v for k, v in line.items() if k not in ("loss", "grad_norm", "metrics")} for line in pin]
+    if name.startswith("base-"):
+        return _without_lengths(pin)
     return pin
+
+
+def _without_lengths(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_lengths(v) for k, v in value.items() if k not in LENGTH_KEYS}
+    if isinstance(value, list):
+        return [_without_lengths(v) for v in value]
+    return value
 
 
 def _sampler_summary(pin: dict) -> dict:

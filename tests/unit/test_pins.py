@@ -98,3 +98,14 @@ def test_a_regression_fails_the_tolerance_comparison(regression):
     else:
         changed, expected = ledger[:-1], ledger
     assert differences(expected, changed), regression
+
+
+def test_a_base_models_answer_lengths_are_left_to_the_bitwise_pins():
+    """After 30 smoke pretraining steps where a base model's answers stop is last-bits noise (12 tokens on an AMX
+    Xeon, 18.7-22.8 on the pinned machines); its accuracy is still compared, and a training run's lengths too."""
+    pin = [{"step": 30, "results": [{"eval_set": "lcb", "accuracy": 0.0, "mean_response_length": 18.7}]}]
+    shorter = [{"step": 30, "results": [{"eval_set": "lcb", "accuracy": 0.0, "mean_response_length": 12.0}]}]
+    assert differences(tolerance_view("base-teacher_m/evals", pin), tolerance_view("base-teacher_m/evals", shorter)) == []
+    solved = [{"step": 30, "results": [{"eval_set": "lcb", "accuracy": 0.5, "mean_response_length": 18.7}]}]
+    assert differences(tolerance_view("base-teacher_m/evals", pin), tolerance_view("base-teacher_m/evals", solved))
+    assert differences(tolerance_view("opd-x/evals", pin), tolerance_view("opd-x/evals", shorter))
