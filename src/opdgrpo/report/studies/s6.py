@@ -250,13 +250,18 @@ def map_figure(frame: pd.DataFrame, entry: S6Entry) -> Figure:
     return fig
 
 
+def _savings_label(row: pd.Series) -> str:
+    """A cell's mean and interval, or, with no mean, every seed's reading one per line (three bounds fit its width)."""
+    marks = {"positive": "+", "negative": "-", "inconclusive": "?"}
+    value = _pct(row["savings"], row["savings_lo"], row["savings_hi"], True, sep="\n")
+    value = value.replace("n/a", row["readings"].replace(", ", "\n"))
+    return f"{value}\n{marks[row['savings_sign']]} ({row['matched']} figures)"
+
+
 def _savings_map(fig: Figure, ax: Any, frame: pd.DataFrame, entry: S6Entry, budget: int | None,
                  xs: Sequence[float], ys: Sequence[float]) -> None:
-    """One savings heat map (the rows of one distillation budget), sign flips outlined. A cell with no mean shows
-    every seed's reading, one per line, so three bounds fit its width."""
-    marks = {"positive": "+", "negative": "-", "inconclusive": "?"}
-    labels = [[_pct(r["savings"], r["savings_lo"], r["savings_hi"], True, sep="\n").replace("n/a", r["readings"].replace(", ", "\n"))
-               + f"\n{marks[r['savings_sign']]} ({r['matched']} figures)" for r in row] for row in _rows(frame, xs, ys)]
+    """One savings heat map (the rows of one distillation budget), sign flips outlined."""
+    labels = [[_savings_label(r) for r in row] for row in _rows(frame, xs, ys)]
     image = _heatmap(ax, _percent(_grid(frame, "savings", xs, ys)), labels, xs, ys, "RdBu", (-100, 100))
     fig.colorbar(image, ax=ax, label="savings vs joint GRPO (%)")
     _sign_edges(ax, _grid(frame, "savings_sign", xs, ys))
