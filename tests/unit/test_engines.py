@@ -211,6 +211,9 @@ class _RecordedLLM:
     def collective_rpc(self, method, kwargs):
         self.calls.append((method, [name for name, _ in kwargs["weights_iterator"]]))
 
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache",))
+
     def generate(self, prompts, params, use_tqdm):
         from types import SimpleNamespace
 
@@ -218,11 +221,12 @@ class _RecordedLLM:
         return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[5], logprobs=None)]) for _ in prompts]
 
 
-def _sleeping_engine():
+def _sleeping_engine(level: int = 2):
     from opdgrpo.train.engines.vllm_engine import VLLMEngine
 
     engine = VLLMEngine.__new__(VLLMEngine)
     engine.llm, engine.sleeps, engine.version, engine._sleeping, engine._held = _RecordedLLM(), True, None, set(), False
+    engine.sleep_level, engine._discarded = level, False
     engine.config = Qwen3Config(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                                 num_attention_heads=2, num_key_value_heads=1, head_dim=4)
     engine.device = torch.device("cpu")
@@ -232,25 +236,43 @@ def _sleeping_engine():
     return engine
 
 
-def test_a_step_wakes_the_engine_once_weights_before_kv_cache():
-    """A training step (sync, then two shards' samplings) inside ``awake()``: one wake and one sleep, the weights
-    woken before the reload and the KV cache only after it; outside ``awake()`` each call wakes and sleeps; a sync
-    of the version already held touches nothing. Untested here, and by any CPU run: that vLLM frees and restores
-    the GPU memory these calls name."""
-    engine = _sleeping_engine()
-    model = torch.nn.Linear(2, 2)
-    kwargs = {"max_new_tokens": 2, "eos_token_id": 5, "pad_token_id": 0}
-    engine.llm.calls.clear()
+STEP = [("wake_up", ("weights",)), ("reload_weights", ["weight", "bias"]), ("reset_prefix_cache",),
+        ("wake_up", ("kv_cache",)), ("generate", 1), ("generate", 1)]
+
+
+def _step(engine, version: int) -> None:
+    """A training step's engine calls: sync, then two shards' samplings, inside ``awake()``."""
     with engine.awake():
-        engine.sync(model, version=1)
-        engine.sample([[1, 2]], **kwargs)
-        engine.sample([[3]], **kwargs)
-    assert engine.llm.calls == [("wake_up", ("weights",)), ("reload_weights", ["weight", "bias"]),
-                                ("wake_up", ("kv_cache",)), ("generate", 1), ("generate", 1), ("sleep", 1)]
+        engine.sync(torch.nn.Linear(2, 2), version=version)
+        engine.sample([[1, 2]], max_new_tokens=2, eos_token_id=5, pad_token_id=0)
+        engine.sample([[3]], max_new_tokens=2, eos_token_id=5, pad_token_id=0)
+
+
+def test_a_step_wakes_the_engine_once_weights_before_kv_cache():
+    """A training step inside ``awake()``: one wake and one sleep, the weights woken before the reload and the KV
+    cache only after it, the prefix cache (the old weights' keys and values) dropped after the reload. Level 2 (the
+    default) discards the weights at the sleep, so the same version syncs again and sampling before a sync is
+    refused; level 1 keeps them, so a sync of the version held touches nothing and a sampling outside ``awake()``
+    wakes and sleeps. Untested here, and by any CPU run: that vLLM frees and restores the GPU memory these calls name."""
+    engine = _sleeping_engine(level=2)
     engine.llm.calls.clear()
-    engine.sync(model, version=1)
+    _step(engine, version=1)
+    assert engine.llm.calls == STEP + [("sleep", 2)]
+    assert engine.version is None
+    with pytest.raises(RuntimeError, match="sleep_level"):
+        engine.sample([[1]], max_new_tokens=2, eos_token_id=5, pad_token_id=0)
+    engine.llm.calls.clear()
+    _step(engine, version=1)
+    assert engine.llm.calls == STEP + [("sleep", 2)]
+
+    engine = _sleeping_engine(level=1)
+    engine.llm.calls.clear()
+    _step(engine, version=1)
+    assert engine.llm.calls == STEP + [("sleep", 1)] and engine.version == 1
+    engine.llm.calls.clear()
+    engine.sync(torch.nn.Linear(2, 2), version=1)
     assert engine.llm.calls == []
-    engine.sample([[1]], **kwargs)
+    engine.sample([[1]], max_new_tokens=2, eos_token_id=5, pad_token_id=0)
     assert engine.llm.calls == [("wake_up", ("weights",)), ("wake_up", ("kv_cache",)), ("generate", 1), ("sleep", 1)]
 
 

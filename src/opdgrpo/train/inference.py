@@ -338,7 +338,7 @@ def fold_allowed(heads: int, kv_heads: int, head_dim: int, device: str) -> bool:
 def _model_like(rows: int, length: int, heads: int, head_dim: int, generator, device: str) -> torch.Tensor:
     """A (rows, heads, length, head_dim) tensor laid out as the model makes it: (rows, length, heads, head_dim)
     transposed (the multiply's kernel can depend on the strides, not only the shape)."""
-    return torch.randn(rows, length, heads, head_dim, generator=generator).to(device).transpose(1, 2)
+    return torch.randn(rows, length, heads, head_dim, generator=generator, device=generator.device).to(device).transpose(1, 2)
 
 
 def _fold_sweep(layout: tuple, mode: str) -> bool:
@@ -351,7 +351,7 @@ def _fold_sweep(layout: tuple, mode: str) -> bool:
         numerics.record("folded_attention", key, {"used": False, "reason": f"{numerics.ENV}=off"})
         return False
     module = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, training=False)
-    g = torch.Generator().manual_seed(heads * 1000 + kv_heads * 100 + head_dim)
+    g = torch.Generator(device="cpu").manual_seed(heads * 1000 + kv_heads * 100 + head_dim)
     checked, first_difference = 0, None
     with torch.no_grad(), _disable_current_modes(), torch.autocast(device, dtype=torch.bfloat16):
         for rows, q_len, extra in itertools.product((1, 3, 8, 64), (1, 2, 7, 33), (0, 5, 31, 96)):
@@ -438,7 +438,7 @@ def _check_paths(model: torch.nn.Module, signature: tuple) -> str:
 
 def _probe_batch(vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """6 rows x 13 tokens, left-padded by different amounts."""
-    ids = torch.randint(3, vocab, (6, 13), generator=torch.Generator().manual_seed(11)).to(device)
+    ids = torch.randint(3, vocab, (6, 13), generator=torch.Generator(device="cpu").manual_seed(11), device="cpu").to(device)
     mask = torch.ones_like(ids)
     for row, pad in enumerate((0, 4, 1, 9, 0, 2)):
         mask[row, :pad] = 0

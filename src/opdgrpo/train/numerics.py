@@ -61,10 +61,10 @@ def _threads(n: int) -> Iterator[None]:
 
 def _canonical_results() -> Iterator[torch.Tensor]:
     """Canonical computations at the smoke and tiny profiles' shapes; every tensor's bits go into the hash."""
-    g = torch.Generator().manual_seed(20261201)
+    g = torch.Generator(device="cpu").manual_seed(20261201)
 
     def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g)
+        return torch.randn(*shape, generator=g, device="cpu")
 
     # bfloat16 multiplies under autocast: projections (small and large row counts), weight gradients (long
     # reductions over batch x tokens, where kernels block by cache size), attention scores for decode and prefill.
@@ -96,7 +96,7 @@ def _one_training_step() -> Iterator[torch.Tensor]:
                          num_key_value_heads=1, head_dim=32, vocab_size=256, pad_token_id=0, eos_token_id=1)
     config._attn_implementation = "eager"
     model = Qwen3ForCausalLM(config)
-    ids = torch.randint(2, 256, (16, 24), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(2, 256, (16, 24), generator=torch.Generator(device="cpu").manual_seed(3), device="cpu")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(input_ids=ids).logits

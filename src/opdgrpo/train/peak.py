@@ -70,8 +70,8 @@ def _measure(dtype_name: str, device_type: str, device_index: int | None, thread
     n = SIZES.get(device_type, 4096)
     generator = torch.Generator(device="cpu").manual_seed(0)   # the run's own RNG streams stay untouched
     operand = torch.float32 if autocast else dtype
-    a = torch.randn(n, n, generator=generator).to(device=device, dtype=operand)
-    b = torch.randn(n, n, generator=generator).to(device=device, dtype=operand)
+    a = torch.randn(n, n, generator=generator, device="cpu").to(device=device, dtype=operand)
+    b = torch.randn(n, n, generator=generator, device="cpu").to(device=device, dtype=operand)
     sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {}
     with torch.autocast(device_type, dtype=dtype, enabled=autocast):

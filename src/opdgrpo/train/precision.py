@@ -117,9 +117,9 @@ def measure(threads: int | None = None) -> dict[str, Any]:
     """Best-of-:data:`REPEATS` seconds of a linear layer's forward and backward in float32 and under bf16 autocast,
     interleaved so both see the same load; ``speedup`` is float32's time over bf16's."""
     rows, width_in, width_out = PROBE_SHAPE
-    generator = torch.Generator().manual_seed(0)   # the job's own RNG streams stay untouched
-    x = torch.randn(rows, width_in, generator=generator)
-    weight = torch.randn(width_out, width_in, generator=generator).requires_grad_(True)
+    generator = torch.Generator(device="cpu").manual_seed(0)   # the job's own RNG streams stay untouched
+    x = torch.randn(rows, width_in, generator=generator, device="cpu")
+    weight = torch.randn(width_out, width_in, generator=generator, device="cpu").requires_grad_(True)
     best = {"fp32": float("inf"), "bf16": float("inf")}
     for repeat in range(REPEATS + 1):   # the first round warms both up and is dropped
         for name in ("fp32", "bf16") if repeat % 2 else ("bf16", "fp32"):

@@ -16,10 +16,14 @@ How it is used (TRL's colocate mode, verl's hybrid engine):
   the model's context: vLLM refuses to start when its KV cache cannot hold one sequence of ``max_model_len`` tokens,
   and a 40,960-token context is what stops a 32B evaluation on an 80 GB GPU. ``train.vllm.max_model_len`` may raise
   it, never lower it below the job's rows;
-- on GPUs the engine sleeps between samplings only where a trainer shares the GPU (``enable_sleep_mode``, level 1:
-  KV cache freed, weights offloaded) and wakes for the next sampling; the jobs that only sample (base evaluation,
-  S2's difficulty job) keep it awake. vLLM supports sleep mode on CUDA only: on CPUs the engine stays awake (it holds
-  ``train.vllm.cpu_kv_cache_gb`` of KV cache, 1 GiB by default);
+- on GPUs the engine sleeps between samplings only where a trainer shares the GPU (``enable_sleep_mode``) and wakes
+  for the next sampling; the jobs that only sample (base evaluation, S2's difficulty job) keep it awake. The sleep
+  is level 2 by default (``train.vllm.sleep_level``): KV cache and weights discarded, since the next sampling starts
+  with a sync that overwrites every weight anyway; level 1 would copy the weights to pinned host memory at every
+  step (8-16 GB per rank) only to overwrite them. After a level-2 sleep the engine holds no weights, so the next
+  sampling syncs again even at the same version (one more sync at each evaluation step). vLLM supports sleep mode
+  on CUDA only: on CPUs the engine stays awake (it holds ``train.vllm.cpu_kv_cache_gb`` of KV cache, 1 GiB by
+  default), and each sync drops the prefix cache, whose blocks hold the old weights' keys and values;
 - :meth:`VLLMEngine.close` shuts the engine down (its executor, scheduler and vLLM's distributed state), so a job that
   samples two models (S2) holds one engine at a time: vLLM's sleep-mode allocator allows one per process.
 
@@ -60,6 +64,8 @@ INSTALL_HINT = ("train.engine is vllm but vLLM is not installed: install the pro
 
 #: What a level-1 sleep frees, in the order a wake restores them.
 SLEEP_TAGS = ("weights", "kv_cache")
+#: ``train.vllm.sleep_level`` by default: 2 discards the weights the next sync overwrites (1 keeps a host copy).
+DEFAULT_SLEEP_LEVEL = 2
 
 #: Environment vLLM reads at import; set unless the user set them.
 _ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_LOGGING_LEVEL": "WARNING"}
@@ -151,6 +157,7 @@ def engine_args(config: Any, *, max_len: int, settings: Mapping[str, Any], seed:
     launcher, reading torchrun's RANK and LOCAL_RANK)."""
     settings = dict(settings)
     settings.pop("cpu_kv_cache_gb", None)
+    settings.pop("sleep_level", None)   # the engine's own (VLLMEngine), not an LLM argument
     context = int(getattr(config, "max_position_embeddings", 0) or 0)
     if context and max_len > context:
         raise ValueError(f"the job's longest row is {max_len} tokens (its longest prompt + train.max_new_tokens), more "
@@ -206,6 +213,9 @@ class VLLMEngine:
             _check_cpu_head_dim(config, model_dir)
         self.config = config
         self.sleeps = bool(args["enable_sleep_mode"])
+        self.sleep_level = int(settings.get("sleep_level", DEFAULT_SLEEP_LEVEL))
+        if self.sleep_level not in (1, 2):
+            raise ValueError(f"config key `train.vllm.sleep_level` must be 1 or 2, got {self.sleep_level}")
         self.args = args
         with _process_state_kept():
             self.llm = vllm.LLM(model=str(model_dir), **args)
@@ -215,6 +225,7 @@ class VLLMEngine:
         self.version: Any = None
         self._sleeping: set[str] = set()
         self._held = False
+        self._discarded = False   # a level-2 sleep dropped the weights; only a sync brings them back
         self._sleep()
 
     @classmethod
@@ -260,8 +271,10 @@ class VLLMEngine:
 
     def _sleep(self) -> None:
         if self.sleeps and not self._held and self._sleeping != set(SLEEP_TAGS):
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=self.sleep_level)
             self._sleeping = set(SLEEP_TAGS)
+            if self.sleep_level == 2:   # the weights are gone: the next sampling must sync, whatever the version
+                self.version, self._discarded = None, True
 
     def _wake(self, tags: Sequence[str] = SLEEP_TAGS) -> None:
         """Wake what ``tags`` name, in order: weights first, so a sync loads them before the KV cache (the largest
@@ -297,7 +310,11 @@ class VLLMEngine:
         weights = ((name, _full(tensor)) for name, tensor in model.named_parameters(remove_duplicate=False))
         with _no_autocast():
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
-        self.version = version
+        # Prefix-cache blocks hold keys and values of the old weights: a prompt sampled again (every held-out prompt
+        # at every evaluation) would reuse them. vLLM clears them when it sleeps; an engine that does not sleep (CPU)
+        # or was not asleep must drop them here.
+        self.llm.reset_prefix_cache()
+        self.version, self._discarded = version, False
         self._sleep()
 
     # ----------------------------------------------------------------------------------------------------------------
@@ -309,8 +326,13 @@ class VLLMEngine:
         """:func:`opdgrpo.train.sampling.sample`'s contract, from the engine; ``Rollouts.logprobs`` holds its log-probs."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("need at least one prompt, and every prompt needs at least one token")
+        if self._discarded:
+            raise RuntimeError("the vLLM engine slept at level 2 (train.vllm.sleep_level) and holds no weights: sync "
+                               "the policy into it (VLLMEngine.sync) before sampling")
         stops = [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
-        base = int(torch.randint(0, 2**31 - len(prompts), (1,), generator=generator)) if generator is not None else None
+        # drawn where the generator lives (a trainer's CUDA generator cannot fill a CPU tensor)
+        base = (int(torch.randint(0, 2**31 - len(prompts), (1,), generator=generator, device=generator.device))
+                if generator is not None else None)
         params = [self._params(n=1, temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
                                max_tokens=int(max_new_tokens), stop_token_ids=stops, logprobs=0, detokenize=False,
                                seed=None if base is None else base + row) for row in range(len(prompts))]
