@@ -67,7 +67,7 @@ def checkpoint_step(run_dir: Path) -> int:
         state = Path(run_dir) / name / "trainer_state.pt"
         if state.is_file():
             try:
-                return int(torch.load(state, mmap=True, weights_only=False)["step"])
+                return int(torch.load(state, mmap=True, weights_only=False, map_location="cpu")["step"])
             except Exception:   # corrupt: the trainer's resume_point says so and falls back
                 continue
     return 0

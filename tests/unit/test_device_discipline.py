@@ -3,8 +3,10 @@
 A CUDA generator given to a random factory with no ``device`` fails on a GPU ("Expected a 'cpu' device type for
 generator but found 'cuda'") and runs on a CPU, where both are the CPU. Two tests that fail on that bug class here:
 
-- a lint over ``src/``: every ``torch.Generator(...)`` names its device, and every random factory given a
-  ``generator=`` names its ``device=`` (so the draw happens where the generator lives, whatever the default device);
+- a lint over ``src/``: every ``torch.Generator(...)`` names its device, every random factory given a
+  ``generator=`` names its ``device=`` (so the draw happens where the generator lives, whatever the default device),
+  and every ``torch.load`` names its ``map_location`` (a state saved on a GPU otherwise loads onto the device it
+  was saved from: every rank's copy on cuda:0);
 - the sampling and evaluation paths run under :class:`device_checks.RandomDrawsNameTheirDevice`, which holds every
   random draw they make to the same rule at run time: the vLLM engine's per-call seed (with vLLM's ``LLM`` replaced
   by a stand-in that returns rows), and held-out evaluation through it and through the project's own sampler.
@@ -43,13 +45,15 @@ def _device_rule_breaches(tree: ast.AST, where: str) -> list[str]:
         keywords = {k.arg for k in node.keywords}
         if _is_torch_attr(node.func, {"Generator"}) and not node.args and "device" not in keywords:
             out.append(f"{where}:{node.lineno} torch.Generator() names no device")
+        if _is_torch_attr(node.func, {"load"}) and "map_location" not in keywords:
+            out.append(f"{where}:{node.lineno} torch.load() names no map_location (it loads onto the saving device)")
         if (_is_torch_attr(node.func, FACTORY_NAMES) and "generator" in keywords and "device" not in keywords
                 and not (node.func.attr == "normal" and node.args and not isinstance(node.args[0], ast.Constant))):
             out.append(f"{where}:{node.lineno} torch.{node.func.attr}(..., generator=...) names no device")
     return out
 
 
-def test_every_generator_and_random_factory_in_src_names_its_device():
+def test_every_generator_random_factory_and_load_in_src_names_its_device():
     breaches = [b for path in sorted(SRC.rglob("*.py"))
                 for b in _device_rule_breaches(ast.parse(path.read_text(encoding="utf-8")), str(path.relative_to(SRC)))]
     assert not breaches, ("on a GPU these draw on another device than their generator's; pass device= "
@@ -64,6 +68,7 @@ def test_the_lint_finds_the_engine_seed_draw_as_it_was():
     assert not _device_rule_breaches(ast.parse(old.replace("generator)", "generator, device=generator.device)")), "x")
     assert _device_rule_breaches(ast.parse("g = torch.Generator()"), "x")
     assert not _device_rule_breaches(ast.parse("g = torch.Generator(where)"), "x")
+    assert _device_rule_breaches(ast.parse("torch.load(p, weights_only=False)"), "x")
 
 
 def test_the_run_time_check_refuses_a_draw_with_no_device():

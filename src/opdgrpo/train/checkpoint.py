@@ -148,7 +148,9 @@ def load_state(path: Path) -> dict[str, Any]:
     if not verify_checkpoint(path):
         log.warning("%s: no %s (written before checkpoints were checksummed); loading it unverified", path, MANIFEST)
     try:
-        return torch.load(path / STATE_FILE, weights_only=False)
+        # onto the CPU: a state saved from a GPU would otherwise load onto the device it was saved from (every rank's
+        # copy on cuda:0); the optimizer moves its state to its parameters' devices as it loads it
+        return torch.load(path / STATE_FILE, weights_only=False, map_location="cpu")
     except Exception as err:  # a file that matches its manifest but does not unpickle: written corrupt
         raise CorruptCheckpoint(f"{path / STATE_FILE}: cannot be loaded ({type(err).__name__}: {err})") from err
 
