@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -67,17 +68,22 @@ def cmd_pretrain(args) -> int:
     if cfg["model"].get("source") in ("hub", "random"):   # paper scale: a hub model (or the rehearsal's random one), linked and evaluated
         from opdgrpo.stages.hub_models import fetch_base
 
-        pretrain = fetch_base
-    summary = pretrain(cfg, args.out)
-    print(json.dumps({k: summary[k] for k in ("model", "steps", "parameters", "heldout", "wall_s")}))
+        summary = fetch_base(cfg, args.out, collective_timeout_s=args.collective_timeout)
+    elif int(os.environ.get("WORLD_SIZE", "1")) > 1:   # N processes would each pretrain and write the same model
+        print(f"error: model {cfg.get('name')!r} is pretrained from scratch, in one process, but "
+              f"{os.environ['WORLD_SIZE']} were started: set resources.base.processes=1 (several processes split the "
+              "evaluation of hub or random models only)", file=sys.stderr)
+        return 2
+    else:
+        summary = pretrain(cfg, args.out)
+    if summary:   # under torchrun the main process writes and reports
+        print(json.dumps({k: summary[k] for k in ("model", "steps", "parameters", "heldout", "wall_s")}))
     return 0
 
 
 def cmd_train(args) -> int:
     """Exit 0 done, 130 interrupted by a signal (checkpointed: a retry or rerun resumes), 3 a non-finite step,
     4 a retry that refuses to train (opdgrpo.attempts), 1 any other error."""
-    import os
-
     from opdgrpo.train.loop import Interrupted, NonFinite, train
 
     from . import attempts
@@ -95,7 +101,7 @@ def cmd_train(args) -> int:
             attempts.end(args.out, args.attempt, how, error)
 
     try:
-        summary = train(_job_config(args), args.out)
+        summary = train(_job_config(args), args.out, collective_timeout_s=args.collective_timeout)
     except Interrupted as err:
         print(err, file=sys.stderr)
         ended("interrupted")
@@ -149,6 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("--attempt", type=int, default=1,
                            help="Snakemake's attempt number (retries): a retry trains only if the previous attempt "
                                 "was interrupted and made progress (opdgrpo.attempts)")
+        if name in ("train", "pretrain"):
+            p.add_argument("--collective-timeout", type=float, default=None, metavar="SECONDS",
+                           help="the process group's timeout under several processes (the rules pass the plan's: "
+                                "opdgrpo resources); default torch's (NCCL 600 s, gloo 1800 s)")
         p.set_defaults(func=func)
     sub.add_parser("report", help="build the report from run directories (opdgrpo report --help)")
     sub.add_parser("savings", help="matched-accuracy savings of experts + OPD against joint GRPO (opdgrpo savings --help)")

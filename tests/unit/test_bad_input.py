@@ -320,3 +320,17 @@ def test_disk_full_append_keeps_earlier_lines(tmp_path, monkeypatch):
     assert path.read_bytes() == before  # the partial line was cut back off
     runio.append_jsonl(path, {"step": 3})  # and once there is space, the file goes on cleanly
     assert [r["step"] for r in runio.read_jsonl(path)] == [0, 1, 2, 3]
+
+
+def test_scratch_pretraining_under_several_processes_is_refused(monkeypatch, tmp_path, capsys):
+    """`resources.base.gpu` > 1 starts base jobs under torchrun: hub and random models split their evaluation, but a
+    model pretrained from scratch would be trained and written by every process."""
+    import json
+
+    from opdgrpo.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = {"name": "student", "model": {"source": "scratch"}, "train": {}}
+    assert main(["pretrain", "--out", str(tmp_path / "base"), "--config-json", json.dumps(cfg)]) == 2
+    assert "resources.base.processes=1" in capsys.readouterr().err
+    assert not (tmp_path / "base").exists()

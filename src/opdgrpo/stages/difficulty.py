@@ -52,7 +52,9 @@ def solve_rates(model, tokenizer, domain: Domain, tasks: Sequence[Task], *, k: i
     samples (:mod:`opdgrpo.train.engines`, holding ``model``'s weights); None: the project's sampler on ``model``. An
     engine that schedules its own batches (vLLM) gets all ``len(tasks) x k`` rows in one call."""
     model.eval()
-    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    # the generator lives where the sampler draws: the engine's device (a model that only gives an engine its config
+    # is on `meta`, where no generator exists), else the model's
+    generator = torch.Generator(device=getattr(engine, "device", None) or next(model.parameters()).device).manual_seed(seed)
     repeated = [t for t in tasks for _ in range(k)]
     rewards, flops = [], 0.0
     bounds = batch_bounds(tokenizer, repeated, batch_size=batch_size, max_batch_tokens=max_batch_tokens,
@@ -96,9 +98,10 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         fmt = PromptFormat.from_config({**prompt_format, **({"enable_thinking": sampling["enable_thinking"]}
                                                            if "enable_thinking" in sampling else {})})
         dtype = getattr(torch, str(cfg[role].get("dtype") or "float32"))
-        engine_on = cfg.get("engine") == "vllm"   # then the engine samples; the model gives the config, on the CPU
+        engine_on = cfg.get("engine") == "vllm"   # then the engine samples; the model gives the config (no weights read)
         model = load_model(cfg[role]["path"], dtype=dtype, trainable=False,
-                           attn_implementation=str(cfg[role].get("attn_implementation") or "eager")).to("cpu" if engine_on else device)
+                           attn_implementation=str(cfg[role].get("attn_implementation") or "eager"),
+                           device="meta" if engine_on else device)
         batches = -(-len(tasks) * int(rule["k"]) // int(rule["batch_size"]))
         max_new_tokens = int(sampling.get("max_new_tokens", cfg["max_new_tokens"]))
         with autocast(resolve_precision(str(rule.get("precision", "fp32")), device), device.type), \

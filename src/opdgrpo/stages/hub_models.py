@@ -103,62 +103,102 @@ def build_random(model_cfg: Mapping[str, Any], name: str, tokenizer_dir: Path, o
     return target.resolve()
 
 
-def fetch_base(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+def fetch_base(cfg: dict[str, Any], out_dir: Path, collective_timeout_s: float | None = None) -> dict[str, Any]:
     """The base job of a ``source: hub`` model (resolve) or a ``source: random`` one (build): link, evaluate
-    held-out accuracy (not counted)."""
-    from opdgrpo.domains import build_domain
+    held-out accuracy (not counted). Under torchrun (``resources.base.gpu`` processes, one per GPU) each process
+    samples a contiguous share of every held-out set with its own engine and the shares are gathered in order
+    (:func:`opdgrpo.train.evaluation.evaluate`); the main process writes."""
     from opdgrpo.runio import rewrite_jsonl, write_json, write_yaml
     from opdgrpo.train import numerics
-    from opdgrpo.train.engines import checkpoint_engine
-    from opdgrpo.train.evaluation import evaluate, heldout_for
-    from opdgrpo.train.models import autocast, is_random, load_model, parameter_count
-    from opdgrpo.train.precision import resolve as resolve_precision
-    from opdgrpo.train.rollout import PromptFormat
-    from opdgrpo.train.tokenizer import load_tokenizer
+    from opdgrpo.train.models import parameter_count
 
     started = time.time()
     torch.set_num_threads(int(cfg["threads"]))
+    workers = _sampling_workers(collective_timeout_s)
+    main = workers is None or workers.is_main
     model_cfg, name = cfg["model"], cfg["name"]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if model_cfg.get("source") == "random":
-        target = build_random(model_cfg, name, Path(cfg["tokenizer"]), out_dir)
-    else:
-        target = resolve(str(model_cfg["path"]), model_cfg.get("revision"), f"models.{name}.path")
-    write_yaml(out_dir / "config.yaml", cfg)
-    checkpoint = link_checkpoint(target, out_dir)
-    # under engine vllm the engine samples and the model gives the config and the count: on the CPU, or for a random
-    # model on no device at all (its engine starts on vLLM's own random weights)
-    engine_on = cfg.get("engine") == "vllm"
-    device = torch.device("cuda" if torch.cuda.is_available() and not engine_on else "cpu")
-    dtype = getattr(torch, str(model_cfg.get("dtype") or "float32"))
-    model = load_model(checkpoint, dtype=dtype, trainable=False,
-                       attn_implementation=str(model_cfg.get("attn_implementation") or "eager"),
-                       device="meta" if engine_on and is_random(checkpoint) else device)
-    tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
-    domains = {d: build_domain(spec) for d, spec in cfg["domains"].items()}
-    ev = cfg["pretrain"]["eval"]
-    sampling = model_cfg.get("sampling") or {}
-    fmt = PromptFormat.from_config({**cfg.get("train", {}), **(model_cfg.get("prompt_format") or {}),   # its own family's
-                                    **({"enable_thinking": sampling["enable_thinking"]} if "enable_thinking" in sampling else {})})
-    results, eval_flops = [], 0.0
-    if ev.get("max_prompts") != 0:
-        heldout = heldout_for(domains, sorted(domains), ev.get("max_prompts"))
-        max_new_tokens = int(sampling.get("max_new_tokens", ev.get("max_new_tokens", 48)))
-        tasks = [t for sets in heldout.values() for s in sets.values() for t in s]
-        with autocast(resolve_precision(str(cfg["pretrain"].get("precision", "fp32")), device, "pretrain.precision"),
-                      device.type), checkpoint_engine(cfg, checkpoint, model, tokenizer=tokenizer, tasks=tasks,
-                                                      fmt=fmt, max_new_tokens=max_new_tokens) as engine:
-            results, eval_flops = evaluate(model, tokenizer, domains, heldout, k=int(ev["k"]),
-                                           temperature=float(sampling.get("temperature", ev["temperature"])),
-                                           top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)),
-                                           max_new_tokens=max_new_tokens,
-                                           batch_size=int(ev.get("batch_size", 64)), seed=int(cfg["seed"]), fmt=fmt,
-                                           max_batch_tokens=ev.get("max_batch_tokens"),
-                                           budget_key="pretrain.eval.max_batch_tokens", engine=engine)
+    if main:
+        write_yaml(out_dir / "config.yaml", cfg)
+        link_checkpoint(_materialise(cfg, out_dir), out_dir)
+    if workers is not None:
+        workers.barrier()   # the link exists before the other processes read it
+    checkpoint = out_dir / "checkpoint"
+    target = checkpoint.resolve()
+    model, results, eval_flops, placement = _evaluate_base(cfg, checkpoint, workers)
+    if not main:
+        return {}
     rewrite_jsonl(out_dir / "evals.jsonl", [{"step": 0, "cumulative_flops": 0.0, "eval_flops": eval_flops, "results": results}])
     summary = {"model": name, "source": model_cfg.get("source", "hub"), "path": str(model_cfg.get("path", target)),
                "revision": model_cfg.get("revision"),
                "resolved": str(target), "parameters": parameter_count(model), "steps": 0, "counted": False,
-               "heldout": results, "wall_s": round(time.time() - started, 1), "numerics": numerics.report()}
+               "heldout": results, "processes": 1 if workers is None else workers.world, "wall_s": round(time.time() - started, 1),
+               "numerics": numerics.report()}
+    if placement is not None:
+        summary["engines"] = placement
     write_json(out_dir / "done.json", summary)
     return summary
+
+
+def _sampling_workers(collective_timeout_s: float | None):
+    """The job's processes when torchrun started several (one per GPU), else None (one process, no group)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    from opdgrpo.train.distributed import Workers
+
+    workers = Workers("ddp", collective_timeout_s=collective_timeout_s)   # collectives only: no model is wrapped
+    workers.log_collectives(collective_timeout_s)
+    return workers
+
+
+def _materialise(cfg: Mapping[str, Any], out_dir: Path) -> Path:
+    """The model's directory: the hub snapshot (or local directory) resolved, or the random model's files written."""
+    model_cfg, name = cfg["model"], cfg["name"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if model_cfg.get("source") == "random":
+        return build_random(model_cfg, name, Path(cfg["tokenizer"]), out_dir)
+    return resolve(str(model_cfg["path"]), model_cfg.get("revision"), f"models.{name}.path")
+
+
+def _evaluate_base(cfg: Mapping[str, Any], checkpoint: Path, workers) -> tuple[torch.nn.Module, list, float, Any]:
+    """(the model, its held-out results, their FLOPs, where each process's engine ran or None). Under ``engine:
+    vllm`` the engine samples and the model only gives the config and the count: it is built on ``meta`` (no weights
+    read: a 32B checkpoint would take 61 GiB of host memory per process for nothing); under ``hf`` it samples, on
+    this process's GPU where there is one."""
+    from opdgrpo.domains import build_domain
+    from opdgrpo.train.engines import checkpoint_engine
+    from opdgrpo.train.evaluation import evaluate, heldout_for
+    from opdgrpo.train.models import autocast, load_model
+    from opdgrpo.train.precision import resolve as resolve_precision
+    from opdgrpo.train.rollout import PromptFormat
+    from opdgrpo.train.tokenizer import load_tokenizer
+
+    model_cfg = cfg["model"]
+    engine_on = cfg.get("engine") == "vllm"
+    device = workers.device if workers is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_model(checkpoint, dtype=getattr(torch, str(model_cfg.get("dtype") or "float32")), trainable=False,
+                       attn_implementation=str(model_cfg.get("attn_implementation") or "eager"),
+                       device="meta" if engine_on else device)
+    tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
+    domains = {d: build_domain(spec) for d, spec in cfg["domains"].items()}
+    ev, sampling = cfg["pretrain"]["eval"], model_cfg.get("sampling") or {}
+    fmt = PromptFormat.from_config({**cfg.get("train", {}), **(model_cfg.get("prompt_format") or {}),   # its own family's
+                                    **({"enable_thinking": sampling["enable_thinking"]} if "enable_thinking" in sampling else {})})
+    if ev.get("max_prompts") == 0:
+        return model, [], 0.0, None
+    heldout = heldout_for(domains, sorted(domains), ev.get("max_prompts"))
+    max_new_tokens = int(sampling.get("max_new_tokens", ev.get("max_new_tokens", 48)))
+    tasks = [t for sets in heldout.values() for s in sets.values() for t in s]
+    precision = resolve_precision(str(cfg["pretrain"].get("precision", "fp32")), device, "pretrain.precision")
+    with autocast(precision, device.type), checkpoint_engine(cfg, checkpoint, model, tokenizer=tokenizer, tasks=tasks,
+                                                             fmt=fmt, max_new_tokens=max_new_tokens) as engine:
+        results, flops = evaluate(model, tokenizer, domains, heldout, k=int(ev["k"]),
+                                  temperature=float(sampling.get("temperature", ev["temperature"])),
+                                  top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)),
+                                  max_new_tokens=max_new_tokens, batch_size=int(ev.get("batch_size", 64)),
+                                  seed=int(cfg["seed"]), fmt=fmt, max_batch_tokens=ev.get("max_batch_tokens"),
+                                  budget_key="pretrain.eval.max_batch_tokens", engine=engine, workers=workers)
+        # where each process's engine ran (a collective: before the engine's teardown ends the process group)
+        placement = getattr(engine, "placement", None)
+        if placement is not None:
+            placement = workers.gather(placement) if workers is not None else [placement]
+    return model, results, flops, placement

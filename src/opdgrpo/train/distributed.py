@@ -19,6 +19,7 @@ same shards, with gradient accumulation over the shards a worker holds.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import os
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -44,7 +45,12 @@ class Workers:
     ``strategy`` (``train.distributed``): ``none`` (one process only), ``ddp`` (replicas; accelerate's DDP) or ``fsdp``
     (FSDP2 shards, :mod:`opdgrpo.train.fsdp`). One process trains the plain model under every strategy."""
 
-    def __init__(self, strategy: str = "ddp", cpu: bool | None = None, policy: fsdp.Policy | None = None):
+    def __init__(self, strategy: str = "ddp", cpu: bool | None = None, policy: fsdp.Policy | None = None,
+                 collective_timeout_s: float | None = None):
+        """``collective_timeout_s``: how long a collective may wait for the slowest process before every process
+        aborts (torch's default: 10 minutes under NCCL, 30 under gloo). The rules pass the plan's longest phase in
+        which one process may wait for another (rank 0 writing a checkpoint while the others wait in a barrier,
+        uneven code scoring or evaluation shares before a gather), with margin: :func:`opdgrpo.cost.resources.stop_settings`."""
         if strategy not in schema.allowed("train", "distributed"):
             raise ValueError(f"config key `train.distributed` must be one of {list(schema.allowed('train', 'distributed'))}, "
                              f"got {strategy!r}")
@@ -53,10 +59,13 @@ class Workers:
             raise ValueError(f"config key `train.distributed: none` trains in one process, but {started} were started; "
                              "use `ddp` or `fsdp`, or start one process")
         from accelerate import Accelerator
+        from accelerate.utils import InitProcessGroupKwargs
 
         # accelerate starts the process group (gloo on CPU, NCCL on GPUs), picks the device and wraps DDP; FSDP2 is
         # applied here directly (accelerate's FSDP plugin refuses CPU processes).
-        self.accelerator = Accelerator(cpu=(not torch.cuda.is_available()) if cpu is None else cpu)
+        handlers = ([InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=float(collective_timeout_s)))]
+                    if collective_timeout_s else [])
+        self.accelerator = Accelerator(cpu=(not torch.cuda.is_available()) if cpu is None else cpu, kwargs_handlers=handlers)
         self.strategy = strategy
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
@@ -69,10 +78,10 @@ class Workers:
         self.engine_samples = False   # a vLLM engine samples: FSDP keeps no replica (the engine syncs from the shards)
 
     @classmethod
-    def from_config(cls, train: Mapping[str, Any]) -> "Workers":
+    def from_config(cls, train: Mapping[str, Any], collective_timeout_s: float | None = None) -> "Workers":
         """``train.distributed`` (default ``ddp``) and ``train.fsdp`` (read only under ``fsdp``; set under another
         strategy it is a config error: ``opdgrpo.config``)."""
-        workers = cls(str(train.get("distributed") or DEFAULT_DISTRIBUTED))
+        workers = cls(str(train.get("distributed") or DEFAULT_DISTRIBUTED), collective_timeout_s=collective_timeout_s)
         workers.policy = fsdp.Policy.from_config(train, workers.device)   # `precision: auto` resolves on the device
         workers.engine_samples = str(train.get("engine") or "hf") == "vllm"
         return workers
@@ -80,6 +89,21 @@ class Workers:
     @property
     def distributed(self) -> bool:
         return self.world > 1
+
+    def collective_timeout_s(self) -> float | None:
+        """The timeout the default process group applies, read back from it (None with one process)."""
+        if not (self.distributed and torch.distributed.is_initialized()):
+            return None
+        group = torch.distributed.distributed_c10d._get_default_group()
+        timeout = getattr(getattr(group._get_backend(self.device), "options", None), "_timeout", None)
+        return timeout.total_seconds() if timeout is not None else None
+
+    def log_collectives(self, planned_s: float | None) -> None:
+        """One line in the job's log (main process): the process count and the collective timeout in force."""
+        if self.is_main and self.distributed:
+            applied = self.collective_timeout_s()
+            log.info("%d processes; collective timeout %s s (%s)", self.world, f"{applied:.0f}" if applied else "?",
+                     f"planned: {planned_s:.0f} s" if planned_s else "torch's default: no --collective-timeout given")
 
     # -- models ---------------------------------------------------------------------------------------
     def prepare(self, model: torch.nn.Module, make_optimizer: Callable[[Iterator[torch.nn.Parameter]], torch.optim.Optimizer]

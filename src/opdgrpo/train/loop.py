@@ -155,15 +155,17 @@ class Run:
         return self.run_dir / "evals.jsonl"
 
 
-def train(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """Train one run into ``run_dir`` (resuming it if it has a checkpoint of the same run); returns ``done.json``."""
+def train(cfg: dict[str, Any], run_dir: Path, collective_timeout_s: float | None = None) -> dict[str, Any]:
+    """Train one run into ``run_dir`` (resuming it if it has a checkpoint of the same run); returns ``done.json``.
+    ``collective_timeout_s``: the process group's timeout (:class:`opdgrpo.train.distributed.Workers`)."""
     # Bad input fails here, before any compute and before the run directory is touched (a finished run stays
     # intact); then one process at a time owns the run directory.
     from opdgrpo.train.preflight import check_run_inputs, run_dir_lock
 
     check_run_inputs(cfg)
     expandable_segments()
-    workers = Workers.from_config(cfg["train"])
+    workers = Workers.from_config(cfg["train"], collective_timeout_s)
+    workers.log_collectives(collective_timeout_s)
     try:
         # The main process owns the run directory; the others only read checkpoints it wrote.
         # Signals are noted from here on: SLURM's warning arriving while the models load stops the run after its
@@ -531,7 +533,8 @@ def _finish(run: Run, final: dict[str, Any], started: float) -> dict[str, Any]:
     """``done.json``: the run's totals, FLOPs by component, MFU, and the machine's numerics."""
     summary = {"run": run.cfg["run_id"], "method": run.objective.name, "steps": run.shape.steps,
                "cumulative_flops": run.cumulative, "final_eval": final["results"], "parameters": parameter_count(run.student),
-               "processes": run.workers.world, "wall_s": round(time.time() - started, 1), "counted": True,
+               "processes": run.workers.world, "collective_timeout_s": run.workers.collective_timeout_s(),
+               "wall_s": round(time.time() - started, 1), "counted": True,
                "numerics": numerics.report()}   # the machine's fingerprint and which exact fast paths ran
     if run.workers.device.type == "cuda":   # torch's allocator on the main process (vLLM's own pool may add to it)
         summary["cuda_max_memory_reserved_bytes"] = torch.cuda.max_memory_reserved(run.workers.device)

@@ -94,8 +94,8 @@ def _load_random(path: Path, dtype: torch.dtype, attn_implementation: str, devic
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, trainable: bool = True,
                attn_implementation: str = "eager", device: torch.device | str | None = None) -> PreTrainedModel:
     """Load a checkpoint directory (ours, or a linked hub snapshot at paper scale), on the CPU unless ``device``
-    names another (a ``source: random`` model is then drawn there, not copied there; on ``meta`` it has no
-    weights, for a job whose engine samples in its place).
+    names another (a ``source: random`` model is then drawn there, not copied there). On ``meta`` no weight is read
+    or drawn: the model gives its config and size to a job whose engine samples in its place.
 
     Eager attention by default: ``FlopCounterMode`` checks the ledger against it exactly. The ledger's FLOPs are
     analytic, so another kernel changes no count; at paper scale ``sdpa`` (or ``flash_attention_2``) is needed
@@ -107,9 +107,13 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, trainable: 
                          f"(config key `train.attn_implementation` or `models.<name>.attn_implementation`)")
     if is_random(path):
         model = _load_random(Path(path), dtype, attn_implementation, device)
+    elif device is not None and torch.device(device).type == "meta":   # its config and size only: no weight is read
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)), dtype=dtype,
+                                                     attn_implementation=attn_implementation)
     else:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=attn_implementation)
-        if device is not None and torch.device(device).type != "meta":
+        if device is not None:
             model = model.to(device)
     model.train(trainable)
     if not trainable:
