@@ -269,3 +269,38 @@ def test_fsdp_distributed_none_refuses_several_processes(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="train.distributed: none"):
         Workers("none")
+
+
+#: A checkpoint save slowed to CHECKPOINT_S (OPDGRPO_FAULT=checkpoint_s: a large model's write and hash on a shared
+#: filesystem), and a stop signal sent to the whole process group, torchrun and its workers, as SLURM's warning is.
+CHECKPOINT_S = 8
+
+
+@pytest.mark.parametrize("shutdown_timeout, saved", [(2, False), (40, True)])
+def test_torchrun_waits_for_the_checkpoint_only_as_long_as_its_shutdown_timeout(smoke_world, tmp_path, shutdown_timeout,
+                                                                                saved):
+    """torchrun forwards SIGTERM to its workers and SIGKILLs them after ``--shutdown-timeout`` (30 s by default, less
+    than a large model's checkpoint): with a timeout shorter than the save the workers die in it and the step is
+    lost; with the lead the rules pass (workflow/rules/common.smk) the save completes and they exit 130."""
+    from opdgrpo.attempts import records
+
+    _, plan = smoke_world
+    cfg = _config(plan, "grpo-student-math-s0", steps=50)
+    run_dir = tmp_path / "run"
+    cmd = _torchrun(["--shutdown-timeout", str(shutdown_timeout), *_train_args(cfg, run_dir)])
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "OPDGRPO_FAULT": f"checkpoint_s:{CHECKPOINT_S}"})
+    ledger, deadline = run_dir / "ledger.jsonl", time.time() + 300
+    while (not ledger.exists() or len(read_jsonl(ledger)) < 1) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    state = run_dir / "checkpoint" / "trainer_state.pt"
+    assert state.exists() == saved, err[-3000:]
+    ends = [r["end"] for r in records(run_dir) if "end" in r]   # the trainer's own word on how the attempt ended
+    if saved:   # the step after the signal finished, checkpointed, and the trainer exited 130 (`interrupted`)
+        assert torch.load(state, weights_only=False, map_location="cpu")["step"] == len(read_jsonl(ledger))
+        assert ends == ["interrupted"], err[-3000:]
+    else:       # SIGKILLed inside the save: no word at all
+        assert ends == [], err[-3000:]

@@ -15,6 +15,7 @@ import json
 import logging
 import random
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,7 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, step: int, cumul
     """Write, seal and rename a checkpoint into place; ``extra`` goes into the trainer state as it is.
     ``state_dict``/``optimizer_state``: the full states gathered from several processes (default: the objects')."""
     tmp, final, old = run_dir / "checkpoint.tmp", run_dir / "checkpoint", run_dir / "checkpoint.old"
+    started = time.time()
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
@@ -134,6 +136,7 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, step: int, cumul
         tmp / STATE_FILE,
     )
     write_manifest(tmp)
+    faults.pace_checkpoint(started)   # test-only: a save as slow as a large model's on a shared filesystem
     # Rotate: `checkpoint` (complete) becomes `checkpoint.old`, replacing the one before. If there is no `checkpoint`
     # (a fallback removed a corrupt one) the existing `checkpoint.old` stays: it is the only complete one.
     if final.exists():

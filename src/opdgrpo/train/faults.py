@@ -8,7 +8,8 @@ preempted node would: ``rollout``, ``update``, ``eval``, ``checkpoint_write``, `
 ``nan_teacher``, ``nan_reference``, ``nan_reward``. ``step`` is the training step (for checkpoints: the step the
 checkpoint records; for ``eval``: the step the eval is logged at). ``pace:<seconds>`` (:func:`pace`) makes every
 training step last at least that long, as a step of a large model would (a run cut by a time limit, whatever the
-machine's speed).
+machine's speed). ``checkpoint_s:<seconds>`` (:func:`pace_checkpoint`) makes every checkpoint save last at least that
+long, as a large model's write and hash on a shared filesystem would (the stop signal's lead must cover it).
 
 With the variable unset every call is one dictionary lookup; nothing else runs.
 """
@@ -49,12 +50,18 @@ def poison(point: str, step: int) -> bool:
     return armed(point, step)
 
 
-def pace(started: float) -> None:
-    """Sleep until ``started`` + the ``pace:<seconds>`` of ``OPDGRPO_FAULT``, if it names one (numbers unchanged)."""
+def pace(started: float, point: str = "pace") -> None:
+    """Sleep until ``started`` + the ``<point>:<seconds>`` of ``OPDGRPO_FAULT`` (``pace``: a training step;
+    ``checkpoint_s``: a checkpoint save), if it names one (numbers unchanged)."""
     spec = os.environ.get(ENV)
     if not spec:
         return
     for item in spec.split(","):
-        point, _, seconds = item.strip().partition(":")
-        if point == "pace":
+        name, _, seconds = item.strip().partition(":")
+        if name == point:
             time.sleep(max(0.0, started + float(seconds) - time.time()))
+
+
+def pace_checkpoint(started: float) -> None:
+    """A checkpoint save that lasts at least ``checkpoint_s:<seconds>`` (see :func:`pace`)."""
+    pace(started, "checkpoint_s")
