@@ -60,6 +60,8 @@ def cmd_fetch(args) -> int:
     from .config import compose
 
     cfg = compose(([f"profile={args.profile}"] if args.profile else []) + list(args.overrides), args.conf_dir)
+    for name in ("httpx", "httpx2"):   # one line per item is the report, not one per HTTP request
+        logging.getLogger(name).setLevel(logging.WARNING)
     return run(cfg, list(build_plan(cfg).jobs.values()), dry_run=args.dry_run)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from .hub_cache import Item, check, config_items, download, is_local, job_items, merge, size
+from .hub_cache import Item, check, config_items, download, is_local, job_items, merge, offline_mode, size
 
 
 @dataclass
@@ -61,6 +61,8 @@ def run(cfg: Mapping[str, Any], jobs: list[Any], dry_run: bool = False, out: Cal
         f"{len(jobs)} planned job(s), from {constants.ENDPOINT}")
     out(f"# into the hub cache {constants.HF_HUB_CACHE} and the datasets cache {datasets_config.HF_DATASETS_CACHE} "
         f"(the jobs must see the same HF_HOME)")
+    if offline_mode() and not dry_run:
+        out("# offline mode is on (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE): nothing can be downloaded; unset it here")
     outcomes = []
     for item in used:
         outcomes.append(fetch_item(item, dry_run))
@@ -78,6 +80,8 @@ def _line(o: Outcome, endpoint: str) -> str:
         return f"{'FAILED':9s} {'-':>9s}  {where}: {o.error}"
     if o.status == "local":
         return f"{o.status:9s} {_human(size(o.files)):>9s}  {where}: a local path, checked, not fetched"
+    if o.status == "cached":
+        return f"{o.status:9s} {_human(size(o.files)):>9s}  {where}: already in the cache, not downloaded"
     url = f"{endpoint}/{'datasets/' if item.kind == 'dataset' else ''}{item.path}"
     sized = _human(size(o.files)) if o.files else "-"
     return f"{o.status:9s} {sized:>9s}  {where} from {url}"
