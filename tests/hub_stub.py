@@ -7,9 +7,8 @@ its files), which ``main`` and the commit hash itself resolve to. What is served
 
 - ``GET /api/{models,datasets}/<repo>[/revision/<rev>]``: the repo's info (``id``, ``sha``, ``siblings``);
 - ``GET /api/{models,datasets}/<repo>/tree/<rev>[/<path>]?recursive=``: its files and folders (one page);
-- ``POST /api/{models,datasets}/<repo>/paths-info/<rev>``: the entries of the ``paths`` form field;
 - ``HEAD``/``GET /[datasets/]<repo>/resolve/<rev>/<file>``: a file, with ``X-Repo-Commit``, ``ETag`` and
-  ``Content-Length`` (and ``Range`` requests);
+  ``Content-Length``;
 - anything else, or a missing repo, revision or file: 404 with the hub's ``X-Error-Code`` (``RepoNotFound``,
   ``RevisionNotFound``, ``EntryNotFound``), which the libraries turn into their own errors.
 
@@ -26,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
-API = re.compile(r"^/api/(models|datasets)/([^/]+/[^/]+)(?:/(revision|tree|paths-info)/([^/]+)(/.*)?)?$")
+API = re.compile(r"^/api/(models|datasets)/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+)(/.*)?)?$")
 RESOLVE = re.compile(r"^/(datasets/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
 
 
@@ -106,11 +105,6 @@ def _handler(stub: HubStub) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             self._serve(body=True)
 
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            self._form = parse_qs(self.rfile.read(length).decode()) if length else {}
-            self._serve(body=True)
-
         def _serve(self, body: bool) -> None:
             url = urlparse(self.path)
             stub.requests.append((self.command, url.path))
@@ -130,11 +124,8 @@ def _handler(stub: HubStub) -> type[BaseHTTPRequestHandler]:
             if action in (None, "revision"):
                 return self._json({"id": repo.id, "sha": repo.sha, "private": False, "gated": False, "disabled": False,
                                    "siblings": [{"rfilename": f} for f in repo.files]})
-            if action == "tree":
-                entries = repo.tree(path, query.get("recursive", ["false"])[0].lower() == "true")
-                return self._json(entries) if entries is not None else self._error(404, "EntryNotFound")
-            paths = getattr(self, "_form", {}).get("paths", [])
-            return self._json([e for e in (repo.entry(p) for p in paths) if e is not None])
+            entries = repo.tree(path, query.get("recursive", ["false"])[0].lower() == "true")
+            return self._json(entries) if entries is not None else self._error(404, "EntryNotFound")
 
         def _file(self, m: re.Match, body: bool) -> None:
             kind = "dataset" if m.group(1) else "model"
@@ -143,18 +134,13 @@ def _handler(stub: HubStub) -> type[BaseHTTPRequestHandler]:
             if repo is None or name not in repo.files:
                 return self._error(404, error or "EntryNotFound", repo.sha if repo else None)
             data = (repo.root / name).read_bytes()
-            status, start, end = 200, 0, len(data)
-            if (r := re.match(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")):
-                status, start = 206, int(r.group(1))
-                end = int(r.group(2)) + 1 if r.group(2) else len(data)
-            self.send_response(status)
+            self.send_response(200)
             self.send_header("X-Repo-Commit", repo.sha)
             self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
-            self.send_header("Content-Length", str(end - start))
-            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             if body:
-                self.wfile.write(data[start:end])
+                self.wfile.write(data)
 
         def _json(self, value) -> None:
             data = json.dumps(value).encode()

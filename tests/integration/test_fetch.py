@@ -54,7 +54,7 @@ def hub(tmp_path_factory):
 
 def _env(hub: HubStub, home: Path, offline: bool = False) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
-    env.update({"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(home), "PYTHONPATH": str(REPO / "src"), "HF_HUB_DISABLE_TELEMETRY": "1"})
+    env.update({"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(home), "PYTHONPATH": str(REPO / "src")})
     return {**env, "HF_HUB_OFFLINE": "1"} if offline else env
 
 
