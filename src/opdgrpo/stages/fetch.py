@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from .hub_cache import Item, check, config_items, download, is_local, job_items, merge, offline_mode, size
+from .hub_models import MODEL_FILES
 
 
 @dataclass
@@ -60,7 +61,7 @@ def run(cfg: Mapping[str, Any], jobs: list[Any], dry_run: bool = False, out: Cal
     out(f"# opdgrpo fetch{' --dry-run' if dry_run else ''}: profile `{cfg.get('profile')}`, {len(used)} item(s) read by "
         f"{len(jobs)} planned job(s), from {constants.ENDPOINT}")
     out(f"# into the hub cache {constants.HF_HUB_CACHE} and the datasets cache {datasets_config.HF_DATASETS_CACHE} "
-        f"(the jobs must see the same HF_HOME)")
+        f"(the jobs must see the same HF_HOME); of a model, the files the jobs load: {' '.join(MODEL_FILES)}")
     if offline_mode() and not dry_run:
         out("# offline mode is on (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE): nothing can be downloaded; unset it here")
     outcomes = []

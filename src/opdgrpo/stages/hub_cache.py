@@ -48,12 +48,11 @@ class Item:
         return str(self.spec["path"])
 
     def describe(self) -> str:
-        """The hub id (or local path) and what of it, as a person reads it."""
-        if self.kind == "model":
-            return f"{self.path} (revision {self.spec.get('revision') or 'main'})"
+        """The hub id and revision (or the local path) and what of it, as a person reads it."""
         parts = [f"{k} {self.spec[k]}" for k in ("name", "split", "data_files") if self.spec.get(k)]
-        parts.append(f"revision {self.spec.get('revision') or 'main'}")
-        return f"{self.path} ({', '.join(parts)})"
+        if not Path(self.path).expanduser().exists():
+            parts.append(f"revision {self.spec.get('revision') or 'main'}")
+        return f"{self.path} ({', '.join(parts)})" if parts else self.path
 
 
 def _model(block: Mapping[str, Any], key: str) -> list[Item]:
