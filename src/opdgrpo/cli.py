@@ -75,7 +75,6 @@ def cmd_tokenizer(args) -> int:
         from opdgrpo.stages.hub_models import save_hub_tokenizer
 
         _require_cached("tokenizer", cfg, args.out)
-
         write_json(args.out / "done.json", {"vocab_size": save_hub_tokenizer(cfg["tokenizer"], args.out),
                                             "source": "hub", "path": str(cfg["tokenizer"]["path"])})
         return 0
