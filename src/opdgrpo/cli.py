@@ -1,7 +1,9 @@
 """The ``opdgrpo`` command: what Snakemake's thin rules call, and what a user runs by hand.
 
-Subcommands: ``plan`` (print the jobs), ``tokenizer``, ``pretrain``, ``difficulty`` (S2's subsets), ``train`` (one job each, given its
-resolved config as JSON), ``report``, ``savings`` and ``flops`` (the cost model: ``opdgrpo flops estimate``).
+Subcommands: ``plan`` (print the jobs), ``fetch`` (fill the Hugging Face caches with what the jobs read from the hub),
+``tokenizer``, ``pretrain``, ``difficulty`` (S2's subsets), ``train`` (one job each, given its resolved config as JSON),
+``report``, ``savings`` and ``flops`` (the cost model: ``opdgrpo flops estimate``). Each job first checks that the hub
+models and data sets it reads are on the machine (:func:`opdgrpo.stages.hub_cache.require_cached`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,17 @@ def _job_config(args) -> dict:
     return with_runtime(cfg)
 
 
+def _require_cached(kind: str, cfg: dict, out: Path) -> None:
+    """The job's hub inputs are on this machine (or, with network, will be fetched): before any compute. The job's
+    directory is ``<results_dir>/<profile>/<stage>/<job>`` (the planner's), which names the profile to fetch for and
+    a tokenizer job's owner model (``tokenizer-<model>``)."""
+    from opdgrpo.stages.hub_cache import require_cached
+
+    out = Path(out).absolute()
+    label = out.name.removeprefix("tokenizer").lstrip("-") if kind == "tokenizer" else ""
+    require_cached(kind, cfg, label, out.parent.parent.name or "<profile>")
+
+
 def _add_job_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="the job's output directory")
     group = parser.add_mutually_exclusive_group(required=True)
@@ -41,6 +54,18 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_fetch(args) -> int:
+    from opdgrpo.plan.build import build_plan
+    from opdgrpo.stages.fetch import run
+
+    from .config import compose
+
+    cfg = compose(([f"profile={args.profile}"] if args.profile else []) + list(args.overrides), args.conf_dir)
+    for name in ("httpx", "httpx2"):   # one line per item is the report, not one per HTTP request
+        logging.getLogger(name).setLevel(logging.WARNING)
+    return run(cfg, list(build_plan(cfg).jobs.values()), dry_run=args.dry_run)
+
+
 def cmd_tokenizer(args) -> int:
     from opdgrpo.train.tokenizer import build_tokenizer, save_tokenizer
 
@@ -50,6 +75,7 @@ def cmd_tokenizer(args) -> int:
     if cfg["tokenizer"].get("source") == "hub":   # paper scale: the students' own tokenizer
         from opdgrpo.stages.hub_models import save_hub_tokenizer
 
+        _require_cached("tokenizer", cfg, args.out)
         write_json(args.out / "done.json", {"vocab_size": save_hub_tokenizer(cfg["tokenizer"], args.out),
                                             "source": "hub", "path": str(cfg["tokenizer"]["path"])})
         return 0
@@ -65,6 +91,7 @@ def cmd_pretrain(args) -> int:
     from opdgrpo.stages.pretrain import pretrain
 
     cfg = _job_config(args)
+    _require_cached("base", cfg, args.out)
     if cfg["model"].get("source") in ("hub", "random"):   # paper scale: a hub model (or the rehearsal's random one), linked and evaluated
         from opdgrpo.stages.hub_models import fetch_base
 
@@ -101,7 +128,9 @@ def cmd_train(args) -> int:
             attempts.end(args.out, args.attempt, how, error)
 
     try:
-        summary = train(_job_config(args), args.out, collective_timeout_s=args.collective_timeout)
+        cfg = _job_config(args)
+        _require_cached("train", cfg, args.out)
+        summary = train(cfg, args.out, collective_timeout_s=args.collective_timeout)
     except Interrupted as err:
         print(err, file=sys.stderr)
         ended("interrupted")
@@ -121,7 +150,9 @@ def cmd_train(args) -> int:
 def cmd_difficulty(args) -> int:
     from opdgrpo.stages.difficulty import select
 
-    summary = select(_job_config(args), args.out)
+    cfg = _job_config(args)
+    _require_cached("difficulty", cfg, args.out)
+    summary = select(cfg, args.out)
     print(json.dumps({k: summary[k] for k in ("domain", "prompts", "subsets", "wall_s")}))
     return 0
 
@@ -148,6 +179,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. profile=smoke methods.opd.lr=1e-4")
     p.add_argument("--conf-dir", type=Path, default=None)
     p.set_defaults(func=cmd_plan)
+    p = sub.add_parser("fetch", help="download every hub model, tokenizer and data set the planned jobs read into the "
+                                     "Hugging Face caches (on a node with network, before the jobs)")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, the ones the jobs are planned with")
+    p.add_argument("--profile", help="the profile (same as the override profile=P)")
+    p.add_argument("--conf-dir", type=Path, default=None)
+    p.add_argument("--dry-run", action="store_true", help="list the items and what is already cached; download nothing")
+    p.set_defaults(func=cmd_fetch)
     for name, func in (("tokenizer", cmd_tokenizer), ("pretrain", cmd_pretrain), ("difficulty", cmd_difficulty), ("train", cmd_train)):
         p = sub.add_parser(name, help=f"run one {name} job")
         _add_job_args(p)

@@ -40,8 +40,9 @@ def load_rows(source: Mapping[str, Any], where: str):
                                      revision=source.get("revision"), data_files=source.get("data_files"))
     except Exception as err:  # a missing local copy, no network, a wrong split: say which key to fix
         raise ValueError(f"config key `{where}`: cannot load {source['path']!r} (split {source['split']!r}): "
-                         f"{type(err).__name__}: {err}. Without network access, point `{where}.path` at a local "
-                         f"copy of the data set (a directory of parquet files)") from err
+                         f"{type(err).__name__}: {err}. Without network access, fill the datasets cache on a node "
+                         f"with network (`opdgrpo fetch --profile <profile>`) and set HF_DATASETS_OFFLINE=1, or point "
+                         f"`{where}.path` at a local copy of the data set (a directory of parquet files)") from err
 
 
 def require_columns(rows, columns: Sequence[str], where: str) -> None:

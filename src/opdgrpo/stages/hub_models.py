@@ -26,22 +26,32 @@ import torch
 MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
 
 
-def resolve(path: str, revision: str | None = None, where: str = "path") -> Path:
-    """A local directory holding ``path`` (itself when it is one; else the hub snapshot, downloaded if missing)."""
+def local_dir(path: str, where: str = "path") -> Path | None:
+    """The local directory ``path`` names, or None for a hub id; a path that looks local (absolute, or starting with
+    ``.``) but is no directory is an error naming ``where``."""
     local = Path(path).expanduser()
     if local.is_dir():
         return local.resolve()
     if local.is_absolute() or path.startswith("."):
         raise ValueError(f"config key `{where}`: {path!r} is not a directory (a local model must be a directory "
                          f"saved with save_pretrained; a hub id looks like 'Qwen/Qwen3-4B-Base')")
+    return None
+
+
+def resolve(path: str, revision: str | None = None, where: str = "path") -> Path:
+    """A local directory holding ``path`` (itself when it is one; else the hub snapshot, downloaded if missing)."""
+    local = local_dir(path, where)
+    if local is not None:
+        return local
     from huggingface_hub import snapshot_download
 
     try:
         return Path(snapshot_download(path, revision=revision, allow_patterns=MODEL_FILES))
     except Exception as err:
         raise ValueError(f"config key `{where}`: cannot fetch {path!r} (revision {revision or 'main'}) from the hub: "
-                         f"{type(err).__name__}: {err}. Without network access, download it elsewhere and set "
-                         f"`{where}` to the local directory (or set HF_HUB_OFFLINE=1 with a filled hub cache)") from err
+                         f"{type(err).__name__}: {err}. Without network access, fill the hub cache on a node with "
+                         f"network (`opdgrpo fetch --profile <profile>`) and set HF_HUB_OFFLINE=1, or set `{where}` "
+                         f"to a local directory") from err
 
 
 def save_hub_tokenizer(spec: Mapping[str, Any], out_dir: Path) -> int:
