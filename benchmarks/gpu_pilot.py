@@ -4,17 +4,20 @@ time per phase and peak device memory beside the planner's prediction for each j
 What runs is what a cluster runs, not a copy of it. The pilot composes ``profile=pilot`` (conf/profile/pilot.yaml:
 the rehearsal's fixtures and weightless ``source: random`` models at the shapes of Qwen3-4B-Base, an 8B teacher and
 Qwen3-32B), plans it with the project's planner, and starts five of its jobs with the commands the Snakemake rules
-run (``opdgrpo.cli``; the training job under torchrun, as the SLURM profile launches it), in this order:
+run (``opdgrpo.cli``; the training job under torchrun, as the SLURM profile launches it), in this order, the path
+that failed on first GPU contact first:
 
 1. ``tokenizer``;
-2. ``base-model_32b``: the 32B base evaluation, the job vLLM's own start-up check would have stopped (issue 26);
-   first, as it matters most;
-3. ``base-student`` and 4. ``base-teacher_8b``: like 2, each writes its weightless model directory and evaluates it
-   with a vLLM engine alone on the GPU (awake, ``train.vllm_alone``, started at the paper's row length);
-5. ``opd-teacher_8b-code-s0``: S1's OPD run, FSDP2 on one process, the colocated vLLM engine (sleep, wake, weight
-   sync from the shards), bf16, packing, logit chunks, an evaluation at step 0; killed by SIGKILL in step 1's update
-   (after step 0's checkpoint, ``OPDGRPO_FAULT=update:1``), then started again: it resumes, trains step 1, evaluates
-   and writes its final checkpoint.
+2. ``base-student`` and 3. ``base-teacher_8b``: each writes its weightless model directory and evaluates it with a
+   vLLM engine alone on the GPU (awake, ``train.vllm_alone``, started at the paper's row length): the OPD run's inputs;
+4. ``opd-teacher_8b-code-s0``: S1's OPD run, FSDP2 on one process, the colocated vLLM engine (sleep, wake, weight
+   sync from the shards), bf16, packing, logit chunks; its first act is the step-0 evaluation under vLLM, with the
+   trainer's CUDA generator (the draw that crashed every training job before it named its device). Killed by SIGKILL
+   in step 1's update (after step 0's checkpoint, ``OPDGRPO_FAULT=update:1``), then started again: it resumes,
+   trains step 1, evaluates and writes its final checkpoint;
+5. ``base-model_32b``: the 32B base evaluation, split over every GPU the machine has (``--base-processes``: torchrun,
+   one engine per GPU, each set's rows in contiguous shares, as the rule runs a base job with ``resources.base.gpu``
+   GPUs); on the CPU preset over 2 processes.
 
 For each job the pilot records its wall time, its phases from the job's own records (the ledger's ``phase_s`` per
 step; the evaluation and checkpoint seconds in its log), the device's peak used memory (``nvidia-smi``, polled every
@@ -58,7 +61,9 @@ REPO = common.REPO
 SCHEMA = "opdgrpo.gpu_pilot/2"
 OPD_RUN, KILLED_AT = "opd-teacher_8b-code-s0", 1
 #: The jobs, in order (the OPD run twice: killed after its first checkpoint, then resumed).
-JOBS = ["tokenizer", "base-model_32b", "base-student", "base-teacher_8b", OPD_RUN]
+JOBS = ["tokenizer", "base-student", "base-teacher_8b", OPD_RUN, "base-model_32b"]
+#: The base job split over the machine's GPUs (the others run on one, as they only feed the OPD run).
+SPLIT_JOB = "base-model_32b"
 #: --cpu-smoke: the same profile and jobs, models and lengths small enough for two cores. The embeddings keep more
 #: rows than the tokenizer has tokens, as Qwen3's 151,936 rows over the pilot's scratch tokenizer do.
 CPU_OVERRIDES = [
@@ -93,11 +98,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "then go unmeasured)")
     p.add_argument("--jobs", nargs="+", choices=JOBS, help="run these of the pilot's jobs only (in the pilot's order; "
                                                             "a job's inputs must be among them or already written)")
+    p.add_argument("--base-processes", type=int,
+                   help=f"processes (one per GPU) {SPLIT_JOB} is split over (default: the GPUs nvidia-smi lists; 2 on "
+                        "the CPU preset)")
     p.add_argument("--no-resume", action="store_true",
                    help="run the OPD job once, one checkpoint at its end, for a disk that cannot hold two")
     p.add_argument("overrides", nargs="*", help="more config overrides (key=value), after the preset's")
     args = p.parse_args(argv)
     args.preset = "cpu" if args.cpu_smoke else "gpu"
+    if args.base_processes is None:
+        args.base_processes = 2 if args.cpu_smoke else max(1, gpu_count())
     if args.max_seconds is None:
         args.max_seconds = PRESETS[args.preset]["max_seconds"]
     return args
@@ -105,6 +115,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # --------------------------------------------------------------------------------------------------------------------
 # The plan, and what the planner predicts
+
+
+def gpu_count() -> int:
+    """GPUs ``nvidia-smi`` lists (0 without one)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.splitlines())
 
 
 def device_memory_gib() -> float | None:
@@ -210,27 +229,29 @@ class MemoryPoll:
                 pass
 
 
-def command(job, out_dir: Path) -> list[str]:
-    """The rule's command for ``job`` (workflow/rules/*.smk): training under torchrun, one process."""
+def command(job, out_dir: Path, processes: int = 1) -> list[str]:
+    """The rule's command for ``job`` (workflow/rules/*.smk): training under torchrun, one process; a base job under
+    torchrun with ``processes`` processes where it is more than one (``resources.base.gpu``)."""
     from opdgrpo import job_identity
 
     cfg = json.dumps(job_identity.identity(job.config), sort_keys=True)
     py = [sys.executable, "-m"]
+    torchrun = [*py, "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc_per_node"]
     if job.kind == "tokenizer":
         return [*py, "opdgrpo.cli", "tokenizer", "--out", str(out_dir), "--config-json", cfg]
     if job.kind == "base":
-        return [*py, "opdgrpo.cli", "pretrain", "--out", str(out_dir), "--config-json", cfg]
-    return [*py, "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc_per_node", "1", "-m", "opdgrpo.cli",
-            "train", "--out", str(out_dir), "--config-json", cfg]
+        launch = [*torchrun, str(processes)] if processes > 1 else py
+        return [*launch, "opdgrpo.cli", "pretrain", "--out", str(out_dir), "--config-json", cfg]
+    return [*torchrun, "1", "-m", "opdgrpo.cli", "train", "--out", str(out_dir), "--config-json", cfg]
 
 
 def run_job(plan, job_id: str, logs: Path, deadline: float, *, gpu: bool, attempt: int = 1,
-            fault: str | None = None) -> dict[str, Any]:
+            fault: str | None = None, processes: int = 1) -> dict[str, Any]:
     """Start one job, wait for it under the deadline, and return what it took."""
     from opdgrpo import job_identity
 
     job = plan.jobs[job_id]
-    cmd = command(job, Path(job.out_dir))
+    cmd = command(job, Path(job.out_dir), processes)
     if job.kind == "train":
         cmd += ["--attempt", str(attempt)]
     env = {**os.environ, job_identity.ENV: json.dumps(job_identity.runtime(j.config for j in plan.jobs.values())),
@@ -284,11 +305,14 @@ def job_records(out_dir: Path, log: Path) -> dict[str, Any]:
 # The whole pilot
 
 
-def expected(records: list[dict[str, Any]], plan, jobs: list[str] = JOBS) -> list[str]:
+def expected(records: list[dict[str, Any]], plan, jobs: list[str] = JOBS, base_processes: int = 1) -> list[str]:
     """What a finished pilot must show, as failures: every job done, the killed attempt killed and resumed (steps
-    0 and 1 once each), vLLM engines placed under torchrun."""
+    0 and 1 once each), vLLM engines placed under torchrun, the split base job over its processes."""
     problems = []
     by = {(r["job"], r["attempt"]): r for r in records}
+    split = by.get((SPLIT_JOB, 1))
+    if split is not None and split["exit"] == 0 and split.get("done", {}).get("processes") != base_processes:
+        problems.append(f"{SPLIT_JOB}: ran on {split.get('done', {}).get('processes')} processes, not {base_processes}")
     for job in jobs:
         last = max((r for r in records if r["job"] == job), key=lambda r: r["attempt"], default=None)
         if last is None or last["exit"] != 0 or not (Path(plan.jobs[job].out_dir) / "done.json").is_file():
@@ -380,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
         for job in jobs:
             attempts = [(1, f"update:{KILLED_AT}"), (2, None)] if job == OPD_RUN and not args.no_resume else [(1, None)]
             for attempt, fault in attempts:
-                record = run_job(plan, job, logs, deadline, gpu=gpu, attempt=attempt, fault=fault)
+                record = run_job(plan, job, logs, deadline, gpu=gpu, attempt=attempt, fault=fault,
+                                 processes=args.base_processes if job == SPLIT_JOB else 1)
                 result["jobs"].append(record)
                 write(args.json, result)
                 print(f"  {job} (attempt {attempt}{', fault ' + fault if fault else ''}): exit {record['exit']}, "
@@ -388,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"(planner: {predicted.get(job, {}).get('peak_gib', '-')})", flush=True)
                 if record["exit"] != 0 and not fault:
                     raise RuntimeError(f"{job} failed (exit {record['exit']}); its log: {record['log']}")
-        problems = expected(result["jobs"], plan, jobs)
+        problems = expected(result["jobs"], plan, jobs, args.base_processes)
         result["status"] = "complete" if not problems else "incomplete: " + "; ".join(problems)
         code = 5 if problems else 0
     except TimeGuard as err:

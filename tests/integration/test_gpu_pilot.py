@@ -1,7 +1,8 @@
 """The GPU pilot (``benchmarks/gpu_pilot.py``) on CPU, its preset for CI: the five jobs of ``profile=pilot`` at toy
 shapes through the rules' own commands (training under torchrun, FSDP2 on one process, vLLM under
-``external_launcher``), the OPD run killed after its first checkpoint and resumed; the refusal of a GPU too small for
-the paper shapes; the time guard. About 2 minutes on 2 cores."""
+``external_launcher``, its step-0 evaluation first), the OPD run killed after its first checkpoint and resumed, the
+32B-shaped base evaluation split over 2 processes with an engine each; the refusal of a GPU too small for the paper
+shapes; the time guard. About 2-3 minutes on 2 cores."""
 
 from __future__ import annotations
 
@@ -34,9 +35,11 @@ def test_cpu_preset_runs_the_pilot_jobs_kills_and_resumes_the_opd_run(tmp_path):
     result = json.loads(out.read_text())
     assert result["schema"] == "opdgrpo.gpu_pilot/2" and result["status"] == "complete"
     jobs = [(r["job"], r["attempt"]) for r in result["jobs"]]
-    assert jobs == [("tokenizer", 1), ("base-model_32b", 1), ("base-student", 1), ("base-teacher_8b", 1),
-                    ("opd-teacher_8b-code-s0", 1), ("opd-teacher_8b-code-s0", 2)]
-    killed, resumed = result["jobs"][-2:]
+    assert jobs == [("tokenizer", 1), ("base-student", 1), ("base-teacher_8b", 1), ("opd-teacher_8b-code-s0", 1),
+                    ("opd-teacher_8b-code-s0", 2), ("base-model_32b", 1)]
+    killed, resumed, split = result["jobs"][-3:]
+    assert split["done"]["processes"] == 2 and [(e["backend"], e["local_rank"]) for e in split["done"]["engines"]] == \
+        [("external_launcher", 0), ("external_launcher", 1)]
     assert killed["fault"] == "update:1" and killed["exit"] != 0 and [s["step"] for s in killed["steps"]] == [0]
     assert killed["checkpoint_seconds"] and killed["eval_seconds"]   # step 0's evaluation and checkpoint, then killed
     assert resumed["exit"] == 0 and [s["step"] for s in resumed["steps"]] == [0, 1]
