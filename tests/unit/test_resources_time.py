@@ -10,7 +10,6 @@ from opdgrpo.config import ConfigError, compose
 from opdgrpo.cost import resources
 from opdgrpo.cost.memory_model import GIB, Shape, params
 from opdgrpo.cost.model import architecture
-from opdgrpo.cost.site import read_profile, site_settings_problems
 from opdgrpo.plan.build import build_plan
 
 
@@ -172,6 +171,8 @@ def test_stop_settings_with_and_without_hardware(paper):
 
 
 def test_site_settings_are_named_before_anything_is_submitted():
+    from opdgrpo.cost.site import read_profile, site_settings_problems
+
     profile = read_profile("workflow/profiles/slurm/config.yaml")
     problems = site_settings_problems(profile)
     assert len(problems) == 2 and "slurm_partition" in problems[0] and "slurm_account" in problems[1]
