@@ -265,11 +265,12 @@ def unfit(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[str]
     for e in estimates:
         limit = _host_limit(cfg, e.kind)
         if limit is not None and e.host_peak > limit:
-            when = {e.host: "while", e.host_resume: "on resume (the trainer state held) while",
-                    e.host_steady: "after"}[e.host_peak]
-            out.append(f"job `{e.job}`: {e.host_peak / GIB:.0f} GiB of host memory {when} its models load (each of "
-                       f"{e.gpus} processes reads one whole) > resources.{e.kind}.mem_mb ({limit / GIB:.0f} GiB); "
-                       f"change: a higher resources.{e.kind}.mem_mb")
+            when = {e.host: f"while its models load (each of {e.gpus} processes reads one whole)",
+                    e.host_resume: f"on resume (the trainer state held) while its models load (each of {e.gpus} "
+                                   "processes reads one whole)",
+                    e.host_steady: "while it runs (sleeping engines' pinned weights, a checkpoint save)"}[e.host_peak]
+            out.append(f"job `{e.job}`: {e.host_peak / GIB:.0f} GiB of host memory {when} > resources.{e.kind}.mem_mb "
+                       f"({limit / GIB:.0f} GiB); change: a higher resources.{e.kind}.mem_mb")
     return out + overtime(cfg, estimates)
 
 
@@ -318,14 +319,16 @@ def engine_refusals(hw: Hardware, estimates: Sequence[JobEstimate]) -> list[str]
     return out
 
 
-def refuse_unfit(cfg: Mapping[str, Any], plan: Any) -> None:
+def refuse_unfit(cfg: Mapping[str, Any], plan: Any) -> list[JobEstimate]:
     """Raise :class:`ConfigError` naming every job that would not fit or not finish (what the Snakefile calls before
-    scheduling)."""
-    problems = unfit(cfg, estimate_jobs(cfg, plan))
+    scheduling); else the estimates, for :func:`stop_settings` (``stop_settings(cfg, plan, estimates)``)."""
+    estimates = estimate_jobs(cfg, plan)
+    problems = unfit(cfg, estimates)
     if problems:
         raise ConfigError("jobs that would run out of GPU memory, host memory or time (`opdgrpo resources --profile "
                           f"{cfg.get('profile')}` shows every estimate; usable = the memory CUDA reports x "
                           "hardware.usable_fraction):\n  " + "\n  ".join(problems))
+    return estimates
 
 
 def main(argv: Sequence[str] | None = None) -> int:
