@@ -47,6 +47,14 @@ def _rows_at_once(e: JobEstimate) -> str:
     return f"{e.engine.rows_at_once} of {e.engine.max_model_len}"
 
 
+#: What each cost line counts, where its name does not say it all.
+LABELS = {"evaluation": "evaluation (held-out sets, base models' and training runs')",
+          "solve rates": "solve rates (S2's difficulty job)",
+          "code scoring": "code scoring (sandboxed tests, GPUs waiting)",
+          "checkpoints": "checkpoints (write and sha256)",
+          "start-ups": "start-ups (models read, vLLM engine starts, resumes' checkpoint reads; per attempt)"}
+
+
 def cost_lines(estimates: Sequence[JobEstimate]) -> str:
     """GPU-hours by cost over every job (a job's wall hours times its GPUs: GPUs idle while CPUs score code or a
     checkpoint is written count too)."""
@@ -55,7 +63,7 @@ def cost_lines(estimates: Sequence[JobEstimate]) -> str:
         low = sum(e.costs[cost][0] * e.gpus for e in estimates if cost in e.costs)
         high = sum(e.costs[cost][1] * e.gpus for e in estimates if cost in e.costs)
         if high > 0:
-            lines.append(f"- {cost}: {_span(low, high, ',.0f')} GPU-hours")
+            lines.append(f"- {LABELS.get(cost, cost)}: {_span(low, high, ',.0f')} GPU-hours")
     return "\n".join(lines)
 
 
