@@ -8,7 +8,7 @@ rule tokenizer:
     log:
         f"{LOGS}/tokenizer.log",
     resources:
-        **job_resources("base"),
+        **job_resources("tokenizer"),
     params:
         cfg=lambda w: job_config("tokenizer"),
         out=f"{ROOT}/base/tokenizer",
@@ -24,7 +24,7 @@ rule model_tokenizer:
     wildcard_constraints:
         owner=id_pattern([j.label for j in PLAN.by_kind("tokenizer") if j.label]),
     resources:
-        **job_resources("base"),
+        **job_resources("tokenizer"),
     params:
         cfg=lambda w: job_config(f"tokenizer-{w.owner}"),
         out=lambda w: PLAN.jobs[f"tokenizer-{w.owner}"].out_dir,

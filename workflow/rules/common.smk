@@ -55,11 +55,21 @@ PRIORITY = _priorities(CFG, PLAN)
 OPDGRPO = config.get("opdgrpo_cmd", f"{shlex.quote(sys.executable)} -m opdgrpo.cli")
 
 
+# Keys of a `resources.<kind>` block the planner and the rules read, not resources SLURM is asked for.
+PLANNER_KEYS = ("processes", "allocations", "signal_lead_s", "collective_timeout_s")
+
+
 def job_resources(kind):
     """Cluster resources of one kind of job (conf `resources.<kind>`): runtime, mem_mb, cpus_per_task, gpu.
-    gpu 0 asks for none; gpu > 0 adds the site's GPU model when the config names one (`--config gpu_model=h100`)."""
-    res = dict(CFG.get("resources", {}).get(kind, {}))
-    res.pop("processes", None)
+    gpu 0 asks for none; gpu > 0 adds the site's GPU model when the config names one (`--config gpu_model=h100`).
+    A profile without a `tokenizer` block gives tokenizer jobs its `base` block's CPUs, memory and runtime, no GPU."""
+    blocks = CFG.get("resources", {})
+    if kind == "tokenizer" and kind not in blocks:
+        res = {**blocks.get("base", {}), "gpu": 0}
+    else:
+        res = dict(blocks.get(kind, {}))
+    for key in PLANNER_KEYS:
+        res.pop(key, None)
     if not res.get("gpu"):
         res.pop("gpu", None)
     elif config.get("gpu_model"):

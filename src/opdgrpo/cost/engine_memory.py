@@ -8,6 +8,14 @@ vLLM 0.32 refuses to start in two cases, and a job that would be refused should 
    is the engine's share minus its weights and the peak of its profiling forward, must hold the KV cache of one
    sequence of ``max_model_len`` tokens (in blocks of 16 positions, plus the null block the pool keeps back).
 
+The pool is also short of vLLM's CUDA graph estimate: vLLM 0.32 captures its decode graphs once in a throw-away
+pool at start (``GPUModelRunner.profile_cudagraph_memory``: 51 PIECEWISE sizes up to 512 tokens, and FULL decode
+sizes) and, by default (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1``, the default since v0.21), subtracts that
+estimate from the KV cache (``Worker.determine_available_memory``: requested - non-KV memory - the estimate); none
+under ``enforce_eager``. The planner's figure is :data:`CUDAGRAPH_BYTES_PER_LAYER` per decoder layer, from
+vLLM's own log of Qwen3-8B (36 layers): "Estimated CUDA graph memory: 0.52 GiB total"
+(https://github.com/LMCache/LMCache/issues/3430); piecewise graphs are captured per layer.
+
 Past the start, the pool sets how many rows of the job's longest length decode at once; a sampling call with more
 rows than that waits for free blocks or preempts (recomputes) rows, so the rollout's wall time is bound by waves of
 that many rows.
@@ -38,6 +46,8 @@ DEFAULT_MAX_SEQS = {True: 1024, False: 256}
 NON_TORCH_BYTES = 0.5 * GIB
 #: Sampler copies of the profiling run's logits (logits, probabilities, log-probabilities), float32.
 SAMPLER_COPIES = 3
+#: vLLM's CUDA graph estimate per decoder layer (0.52 GiB over Qwen3-8B's 36 layers; module docstring).
+CUDAGRAPH_BYTES_PER_LAYER = 0.52 * GIB / 36
 
 
 def kv_row_bytes(s: Shape, max_model_len: int, dtype_bytes: int = 2) -> float:
@@ -56,6 +66,8 @@ class EngineStart:
     pool: float                  # what is left for the KV cache
     row: float                   # one row of max_model_len
     max_model_len: int
+    cudagraph: float = 0.0       # vLLM's CUDA graph estimate, taken from the pool (0 under enforce_eager)
+    max_seqs: int = 1 << 30      # max_num_seqs: rows the scheduler runs at once at most
 
     @property
     def starts(self) -> bool:
@@ -63,7 +75,7 @@ class EngineStart:
 
     @property
     def rows_at_once(self) -> int:
-        return max(0, int(self.pool // self.row))
+        return max(0, min(int(self.pool // self.row), self.max_seqs))
 
 
 def engine_start(s: Shape, *, gpu_bytes: float, settings: Mapping[str, Any], max_model_len: int,
@@ -78,16 +90,19 @@ def engine_start(s: Shape, *, gpu_bytes: float, settings: Mapping[str, Any], max
     forward = tokens * (3 * s.intermediate + 4 * s.hidden) * dtype_bytes   # gate/up outputs and the residual stream
     sampler = SAMPLER_COPIES * seqs * s.vocab * 4
     peak = forward + sampler + NON_TORCH_BYTES
-    return EngineStart(share, weights, peak, share - weights - peak, kv_row_bytes(s, max_model_len, dtype_bytes),
-                       int(max_model_len))
+    graphs = 0.0 if settings.get("enforce_eager") else CUDAGRAPH_BYTES_PER_LAYER * s.layers
+    return EngineStart(share, weights, peak, share - weights - peak - graphs,
+                       kv_row_bytes(s, max_model_len, dtype_bytes), int(max_model_len), graphs, seqs)
 
 
-def decode_seconds(start: EngineStart, rows: int, longest: int, mean: float, tbps: float) -> float:
-    """A lower bound on the time to decode ``rows`` rows (``mean`` new tokens on average, up to ``longest``) on one
-    engine: vLLM batches continuously, so the decode takes at least the longest row's steps and at least the steps
-    that ``rows_at_once`` rows at a time need for all the tokens; each step reads the weights and those rows' KV
-    cache (at half the row, its mean over the decode) from memory at ``tbps``. Prefill and the sampler's work are
-    left out: decode dominates at thousands of new tokens."""
+def decode_seconds(start: EngineStart, rows: int, longest: int, mean: float, tbps: float,
+                   efficiency: float = 1.0) -> float:
+    """The time to decode ``rows`` rows (``mean`` new tokens on average, up to ``longest``) on one engine: vLLM
+    batches continuously, so the decode takes at least the longest row's steps and at least the steps that
+    ``rows_at_once`` rows at a time need for all the tokens; each step reads the weights and those rows' KV cache
+    (at half the row, its mean over the decode) from memory at ``tbps`` x ``efficiency`` (the share of the
+    datasheet bandwidth a decode step achieves: ``hardware.decode_efficiency``; 1 gives the bound). Prefill and the
+    sampler's work are left out: decode dominates at thousands of new tokens."""
     at_once = max(1, min(rows, start.rows_at_once))
     steps = max(float(longest), rows * mean / at_once)
-    return steps * (start.weights + at_once * start.row / 2) / (tbps * 1e12)
+    return steps * (start.weights + at_once * start.row / 2) / (tbps * 1e12 * efficiency)

@@ -81,7 +81,7 @@ def cost_block(cfg: Mapping[str, Any]) -> dict[str, Any]:
     raw = cfg.get("cost_model") or {}
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config key `cost_model` must be a mapping, got {raw!r}")
-    top = _length_block({k: v for k, v in raw.items() if k != "per_domain"}, "cost_model")
+    top = _length_block({k: v for k, v in raw.items() if k not in ("per_domain", "thinking")}, "cost_model")
     per_domain = raw.get("per_domain") or {}
     if not isinstance(per_domain, Mapping):
         raise ConfigError(f"config key `cost_model.per_domain` must be a mapping of domain -> lengths, got {per_domain!r}")
@@ -91,7 +91,23 @@ def cost_block(cfg: Mapping[str, Any]) -> dict[str, Any]:
         if known and domain not in known:
             raise ConfigError(f"config key `cost_model.per_domain.{domain}`: no such domain; domains: {sorted(known)}")
         blocks[domain] = _length_block(block, f"cost_model.per_domain.{domain}")
-    return {**LENGTH_KEYS, **top, "per_domain": blocks}
+    return {**LENGTH_KEYS, **top, "per_domain": blocks, "thinking": _thinking_block(raw.get("thinking"), known)}
+
+
+def _thinking_block(raw: Any, known: set[str]) -> dict[str, float]:
+    """``cost_model.thinking``: mean response tokens per domain of a model sampling in thinking mode (the Qwen3
+    teachers' base evaluation, S2's teacher solve rates, a GRPO run of a thinking model; see
+    :mod:`opdgrpo.cost.heldout`). A domain without a figure is priced at the cap there (every answer runs to it)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config key `cost_model.thinking` must be a mapping of domain -> tokens, got {raw!r}")
+    for domain, value in raw.items():
+        if known and domain not in known:
+            raise ConfigError(f"config key `cost_model.thinking.{domain}`: no such domain; domains: {sorted(known)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"config key `cost_model.thinking.{domain}` must be a number >= 0, got {value!r}")
+    return {d: float(v) for d, v in raw.items()}
 
 
 def lengths_for(block: Mapping[str, Any], domain: str, max_new_tokens: int) -> Lengths:

@@ -1,10 +1,15 @@
 """Will each job fit on its GPUs, and how long will it run: ``opdgrpo resources --profile paper``.
 
 Per planned job: the peak memory per device (:mod:`opdgrpo.cost.memory_model`: weights, gradients, optimizer state,
-teachers, and the largest of its phases: sampling's KV cache, the training pass's activations and logit chunks,
-evaluation's KV cache) against the profile's ``hardware`` block, and the wall time from the cost model's FLOPs
-(:mod:`opdgrpo.cost.model`) at the throughput ``hardware`` states. The Snakefile calls :func:`refuse_unfit` before it
-schedules anything, so a job whose estimate does not fit never starts; the message names the knob to change.
+teachers, and the largest of its phases: sampling's KV cache, the training pass's activations, logit chunks and
+transients, evaluation's KV cache, or the vLLM engine's reservation) against the memory the profile's ``hardware``
+reports to CUDA (:mod:`opdgrpo.cost.gpus`), host memory against ``resources.<kind>.mem_mb``, and the wall time cost
+by cost (:mod:`opdgrpo.cost.train_time`, :mod:`opdgrpo.cost.sampling_jobs`) against what the job may run:
+``resources.<kind>.runtime`` for a job that starts over, that times ``resources.train.allocations`` for a training
+job, which resumes. The Snakefile calls :func:`refuse_unfit` before it schedules anything, so a job that would not
+fit or not finish never starts; each message names the job, the estimate and the key to change.
+:func:`stop_settings` gives the rules each job's SLURM warning lead and process-group timeout
+(:mod:`opdgrpo.cost.stops`).
 
 Our own model: the paper's jobs are ours to size, and no library predicts this trainer's phases.
 """
@@ -12,103 +17,32 @@ Our own model: the paper's jobs are ours to size, and no library predicts this t
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from opdgrpo.config import ConfigError
-from opdgrpo.cost.engine_memory import EngineStart, decode_seconds, engine_start
+from opdgrpo.cost import train_time
+from opdgrpo.cost.engine_memory import engine_start
+from opdgrpo.cost.heldout import thinking_block, thinks
+from opdgrpo.cost.job_estimate import ADVICE, DTYPE_BYTES, VLLM_DEFAULT_SHARE, Hardware, JobEstimate
 from opdgrpo.cost.memory_model import ADAM_STATE_BYTES, GIB, Shape, activation_bytes, kv_cache_bytes, layer_params, logit_chunk_bytes, params, root_params
 from opdgrpo.cost.model import architecture, cost_block, estimate_run, lengths_for, model_of
+from opdgrpo.cost.overheads import CHECKPOINT_S_PER_GB
+from opdgrpo.cost.sampling_jobs import base_estimate, difficulty_estimate
+from opdgrpo.cost.stops import StopSettings, stop_settings_of
+from opdgrpo.cost.summary import summary, table
 from opdgrpo.run_shape import RunShape
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+__all__ = ["ADVICE", "CHECKPOINT_S_PER_GB", "Hardware", "JobEstimate", "StopSettings", "estimate_jobs", "main",
+           "refuse_unfit", "stop_settings", "summary", "table", "train_estimate", "unfit"]
 
-#: What to change when a component is the one that does not fit, per component.
-ADVICE = {
-    "weights": "train.distributed=fsdp or more GPUs per run (resources.train.gpu)",
-    "optimizer": "train.distributed=fsdp or more GPUs per run (resources.train.gpu)",
-    "gradients": "train.distributed=fsdp or more GPUs per run (resources.train.gpu)",
-    "teachers": "train.distributed=fsdp (teachers are sharded like the student) or a smaller teacher",
-    "sampling": "more train.micro_batches (fewer rows per sampling call) or a lower train.max_new_tokens",
-    "training pass": "a lower train.max_tokens_per_microbatch, train.activation_checkpointing=true, or a lower "
-                     "train.logit_chunk_tokens",
-    "evaluation": "a lower {eval_knob} (or batch_size beside it)",
-    "vLLM engine": "a lower train.vllm.gpu_memory_utilization (the engine's share of a GPU beside the trainer)",
-    "vLLM engine alone": "a higher train.vllm_alone.gpu_memory_utilization, or a smaller model",
-    "vLLM start": "a lower max_new_tokens (the engine's max_model_len is the longest prompt + max_new_tokens), a "
-                  "lower max_num_batched_tokens/max_num_seqs in {settings} (vLLM's profiling peak), or a higher "
-                  "{settings}.gpu_memory_utilization",
-}
+#: Kinds of job that start over when they fail or run out of time (retries 0 in workflow/profiles/slurm); training
+#: jobs resume from their checkpoint instead.
+RESTARTING = ("base", "difficulty", "tokenizer", "report")
 
-#: Seconds per GB of a checkpoint save: written once and read back for its sha256 manifest (ours, an assumption of
-#: 1 GB/s each way on a cluster's shared filesystem; the job log prints each save's seconds).
-CHECKPOINT_S_PER_GB = 2.0
-
-#: vLLM's own default share of a GPU (``gpu_memory_utilization``).
-VLLM_DEFAULT_SHARE = 0.9
-
-#: The batch knob of each kind of job's evaluation (the rows sampled at once).
-EVAL_KNOBS = {"train": "train.eval.max_batch_tokens", "base": "pretrain.eval.max_batch_tokens",
-              "difficulty": "studies.S2.max_batch_tokens"}
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """The ``hardware`` block: one GPU model and the throughput wall times are estimated from."""
-
-    name: str
-    memory_gib: float
-    usable_fraction: float
-    bf16_tflops: float
-    train_mfu: float
-    sampling_mfu: float
-    memory_tbps: float | None = None
-
-    @classmethod
-    def of(cls, cfg: Mapping[str, Any]) -> Hardware | None:
-        block = cfg.get("hardware")
-        if not block:
-            return None
-        return cls(str(block["name"]), float(block["memory_gib"]), float(block["usable_fraction"]),
-                   float(block["bf16_tflops"]), float(block["train_mfu"]), float(block["sampling_mfu"]),
-                   float(block["memory_tbps"]) if block.get("memory_tbps") else None)
-
-    @property
-    def budget(self) -> float:
-        return self.memory_gib * self.usable_fraction * GIB
-
-
-@dataclass
-class JobEstimate:
-    job: str
-    kind: str
-    gpus: int
-    static: dict[str, float]                       # bytes held for the whole job, per device
-    phases: dict[str, float]                       # bytes of each phase, per device; the largest one is the peak
-    hours: float | None = None
-    hours_high: float | None = None                # sampling bound by decode waves (hardware.memory_tbps)
-    host: float = 0.0                              # bytes of host memory per node while the models load
-    host_resume: float = 0.0                       # the same on resume: the trainer state is held while they load
-    signal_lead_s: float | None = None             # training jobs: a step, an evaluation and a checkpoint save
-    engine: EngineStart | None = None              # vLLM's start-up memory (engine jobs on a device with hardware)
-    engine_key: str = "train.vllm"                 # the settings block that engine reads
-    trainer_at_start: float = 0.0                  # what a colocated trainer holds when its engine starts
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def peak_phase(self) -> str:
-        return max(self.phases, key=self.phases.get) if self.phases else "-"
-
-    @property
-    def peak(self) -> float:
-        return sum(self.static.values()) + (max(self.phases.values()) if self.phases else 0.0)
-
-    def advice(self) -> str:
-        """The knob of the largest contributor: its peak phase when that outweighs every static component."""
-        parts = {**self.static, self.peak_phase: self.phases.get(self.peak_phase, 0.0)}
-        return ADVICE[max(parts, key=parts.get)].format(eval_knob=EVAL_KNOBS[self.kind])
+#: vLLM's sleep level in the training jobs where ``train.vllm.sleep_level`` is unset: 2 (weights discarded: the next
+#: weight sync overwrites them); level 1 copies them to pinned host memory.
+DEFAULT_SLEEP_LEVEL = 2
 
 
 def _bytes(name: str | None, default: str = "float32") -> int:
@@ -194,6 +128,11 @@ def _train_phases(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape,
     # one teacher per shard (a shard is one prompt's group, one domain): its final hidden states kept for the
     # chunked LM head, and one chunk of its logits
     passes += max((tokens * s.hidden * 2 + logit_chunk_bytes(s, chunk, copies=1) for s in teachers), default=0.0)
+    # beside the student's saved activations, the larger of two transients: the teacher's no-grad forward (its MLP's
+    # gate, up and their product for the micro-batch: OPD computes the teacher inside the loss, after the student's
+    # forward) and the backward's gradients of one layer's MLP intermediates
+    passes += max([4 * tokens * student.intermediate * compute]
+                  + [3 * tokens * s.intermediate * compute for s in teachers])
     sampling = kv_cache_bytes(student, rows, row, compute) + 2 * rows * student.vocab * 4
     ev = t.get("eval") or {}
     eval_rows = _eval_rows(ev, row)
@@ -208,10 +147,30 @@ def _eval_rows(ev: Mapping[str, Any], row: int) -> int:
     return max(1, min(rows, int(budget) // row)) if budget else rows
 
 
+def sleep_level(rc: Mapping[str, Any]) -> int:
+    """The vLLM sleep level of a training job's engine (``train.vllm.sleep_level``, default 2)."""
+    return int((rc["train"].get("vllm") or {}).get("sleep_level") or DEFAULT_SLEEP_LEVEL)
+
+
+def _host(est: JobEstimate, rc: Mapping[str, Any], student: Shape, teachers: Sequence[Shape]) -> None:
+    """Host memory per node. Loading: every process reads each model whole before it moves or shards it, one model at
+    a time; on resume it first reads the checkpoint's trainer state (the full optimizer state, one process's layout:
+    opdgrpo.train.checkpoint.resume_point) and holds it until the optimizer takes it. Afterwards: each sleeping
+    engine's pinned copy of its weights (sleep level 1; level 2 discards them), and during a save the main process's
+    gathered weights and Adam state."""
+    t, world = rc["train"], est.gpus
+    est.host = world * max([_bytes(t.get("param_dtype")) * params(student)]
+                           + [_bytes(t.get("teacher_dtype")) * params(s) for s in teachers])
+    est.host_resume = est.host + world * ADAM_STATE_BYTES * params(student)
+    pinned = world * 2 * params(student) if est.engine is not None and sleep_level(rc) == 1 else 0.0
+    est.host_steady = pinned + (4 + ADAM_STATE_BYTES) * params(student)
+
+
 def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw: Hardware | None) -> JobEstimate:
     rc = job.config
     world = _gpus(cfg, "train")
-    student = Shape.of(architecture(cfg, model_of(rc["student"]["from"], jobs)))
+    student_model = model_of(rc["student"]["from"], jobs)
+    student = Shape.of(architecture(cfg, student_model))
     refs = sorted({spec["from"] for spec in (rc.get("teachers") or {}).values()})   # one model per distinct teacher
     teachers = [Shape.of(architecture(cfg, model_of(ref, jobs))) for ref in refs]
     shape = RunShape.of(rc, world)
@@ -221,139 +180,46 @@ def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw
     if rc["train"].get("engine") == "vllm" and hw:   # sampling and evaluation inside the engine's reservation
         settings = rc["train"].get("vllm") or {}
         share = float(settings.get("gpu_memory_utilization", VLLM_DEFAULT_SHARE))
-        phases = {"training pass": phases["training pass"], "vLLM engine": share * hw.memory_gib * GIB}
-        # asleep during the update (level 1: KV cache freed, weights to host memory); the trainer's sampling
-        # replica stays (it refreshes the engine's weights)
-        engine = engine_start(student, gpu_bytes=hw.memory_gib * GIB, settings=settings,
+        phases = {"training pass": phases["training pass"], "vLLM engine": share * hw.device_bytes}
+        # asleep during the update (its KV cache freed; its weights to host memory at level 1, discarded at 2)
+        engine = engine_start(student, gpu_bytes=hw.device_bytes, settings=settings,
                               max_model_len=max_model_len(settings, _train_row(cfg, rc)))
     est = JobEstimate(job.id, "train", world, static, phases, engine=engine)
     # the engine starts after the models load and before the first step: the trainer holds its weights (under hf
     # the sampling replica too) and its teachers then; gradients and Adam's state come with the first update
     est.trainer_at_start = static.get("weights", 0.0) + static.get("teachers", 0.0)
-    # every process reads each model whole into host memory before it moves or shards it, one model at a time
-    t = rc["train"]
-    est.host = world * max([_bytes(t.get("param_dtype")) * params(student)]
-                           + [_bytes(t.get("teacher_dtype")) * params(s) for s in teachers])
-    # on resume every process first reads the checkpoint's trainer state (the full optimizer state, one process's
-    # layout: opdgrpo.train.checkpoint.resume_point) and holds it while the models load, until the optimizer takes it
-    est.host_resume = est.host + world * ADAM_STATE_BYTES * params(student)
+    _host(est, rc, student, teachers)
     if hw:
-        rollout, rest = _train_hours(cfg, job, jobs, hw, world, bool(rc["train"].get("activation_checkpointing")))
-        new = int(t["max_new_tokens"])
-        mean = max(lengths_for(cost_block(cfg), d, new).response for d in rc["train_domains"])
-        evals, eval_rows, unsized = _evaluations(rc)
-        if unsized:
-            est.notes.append(f"evaluation of {', '.join(unsized)} not counted (no size or expected_rows)")
-        prompt = max(lengths_for(cost_block(cfg), d, new).prompt for d in rc["eval_domains"] or rc["train_domains"])
-        evaluation = (evals * 2 * params(student) * eval_rows * (prompt + mean)
-                      / (world * hw.bf16_tflops * 1e12 * hw.sampling_mfu) / 3600)
-        est.hours = rollout + rest + evaluation
-        steps = max(1, shape.steps)
-        step_h, eval_h = (rollout + rest) / steps, evaluation / evals
-        if engine is not None and hw.memory_tbps:   # rollouts: one call per GPU a step; evaluation: a share each
-            waves = steps * decode_seconds(engine, shape.rows_per_shard, new, mean, hw.memory_tbps) / 3600
-            eval_waves = evals * decode_seconds(engine, math.ceil(eval_rows / world), new, mean, hw.memory_tbps) / 3600
-            est.hours_high = max(rollout, waves) + rest + max(evaluation, eval_waves)
-            step_h, eval_h = (max(rollout, waves) + rest) / steps, max(evaluation, eval_waves) / evals
-        # SLURM's warning must leave time to finish the step or the evaluation under way (the trainer stops between
-        # them: train._stop_before) and save a checkpoint: the full weights and Adam's state (fp32, 12 bytes a
-        # parameter) gathered, written and hashed
-        est.signal_lead_s = 3600 * max(step_h, eval_h) + CHECKPOINT_S_PER_GB * 12 * params(student) / 1e9
+        _train_time(cfg, est, job, jobs, hw, student, teachers, thinks(cfg, student_model, rc["train"].get(
+            "enable_thinking")))
     return est
+
+
+def _train_time(cfg: Mapping[str, Any], est: JobEstimate, job: Any, jobs: Mapping[str, Any], hw: Hardware,
+                student: Shape, teachers: list[Shape], thinking: bool) -> None:
+    """Every cost of a training job (:mod:`opdgrpo.cost.train_time`); a thinking student (a Qwen3 teacher trained
+    with GRPO) samples at its thinking lengths."""
+    rc = job.config
+    new = int(rc["train"]["max_new_tokens"])
+    block = thinking_block(cfg, rc["train_domains"], new) if thinking else cost_block(cfg)
+    run = estimate_run(cfg, job, jobs, block)
+    mean = max(lengths_for(block, d, new).response for d in rc["train_domains"])
+    train_time.add_steps(est, run, rc, hw, est.engine, mean)
+    est.sets, unsized = train_time.evaluation_sets(cfg, rc, thinking)
+    est.notes += [f"evaluation of {u} not counted (no size or expected_rows)" for u in unsized]
+    train_time.add_evaluations(est, rc, student, hw, est.engine)
+    train_time.add_checkpoints(est, rc, student)
+    est.startup_h = train_time.attempt_start(cfg, rc, student, teachers, est.engine is not None)
+    est.waits["engine start"] = 3600 * est.startup_h[1]
+    train_time.attempts(cfg, est, student)
 
 
 def _evaluations(rc: Mapping[str, Any]) -> tuple[int, int, list[str]]:
     """(evaluations a run makes, rows each samples, the held-out sets without a size to count): every
     ``eval_every`` steps from step 0, and the final one; each set's prompts (``size``, else ``expected_rows``)
     times its ``k``."""
-    t = rc["train"]
-    steps, every = int(rc["method"]["steps"]), int(t.get("eval_every") or 0)
-    evals = (math.ceil(steps / every) if every else 0) + 1
-    k, rows, unsized = int((t.get("eval") or {}).get("k") or 1), 0, []
-    for d in rc["eval_domains"]:
-        for name, spec in (rc["domains"][d].get("heldout") or {}).items():
-            size = spec.get("size") or spec.get("expected_rows")
-            if size is None:
-                unsized.append(f"{d}.{name}")
-                continue
-            rows += int(size) * int(spec.get("k") or k)
-    return evals, rows, unsized
-
-
-def _train_hours(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw: Hardware, world: int,
-                 recompute: bool) -> tuple[float, float]:
-    """(rollout hours, the rest): rollouts at ``sampling_mfu``, the passes and teachers at ``train_mfu``;
-    checkpointing adds one forward (a third of a forward+backward) to the training pass. Evaluation: the caller."""
-    flops = estimate_run(cfg, job, jobs).flops
-    peak = world * hw.bf16_tflops * 1e12
-    train = flops["train"] * (4 / 3 if recompute else 1.0) + flops["old_policy"] + flops["reference"] + flops["teacher"]
-    return flops["rollout"] / hw.sampling_mfu / peak / 3600, train / hw.train_mfu / peak / 3600
-
-
-# -- sampling-only jobs: base-model evaluation and S2's solve rates ------------------------------------------------
-def _sampling_estimate(cfg: Mapping[str, Any], job_id: str, kind: str, models: Sequence[tuple[str, int]],
-                       rows: int, row: int, rows_total: int, hw: Hardware | None, prompt: int) -> JobEstimate:
-    """One GPU; each model sampled in turn (the largest sets the peak), ``rows`` rows of ``row`` positions a batch
-    (``prompt`` of them the prompt), ``rows_total`` rows per model."""
-    tokens = rows_total * row
-    shapes = [(Shape.of(architecture(cfg, name)), b) for name, b in models]
-    biggest, dtype_bytes = max(shapes, key=lambda sb: params(sb[0]) * sb[1])
-    est = JobEstimate(job_id, kind, 1, {"weights": dtype_bytes * params(biggest)},
-                      {"evaluation": max(kv_cache_bytes(s, rows, row, 2) + 2 * rows * s.vocab * 4 for s, _ in shapes)},
-                      host=dtype_bytes * params(biggest))
-    if hw:
-        flops = sum(2 * params(s) * tokens for s, _ in shapes)
-        est.hours = flops / (hw.bf16_tflops * 1e12 * hw.sampling_mfu) / 3600
-    settings = _engine_alone(cfg)
-    if hw and settings is not None:   # the engine reserves its share; the model's weights and its KV pool live inside
-        reserved = float(settings.get("gpu_memory_utilization", VLLM_DEFAULT_SHARE)) * hw.memory_gib * GIB
-        weights = 2 * params(biggest)   # the engine's bf16 copy
-        est.static = {"weights": min(weights, reserved)}
-        est.phases = {"vLLM engine alone": reserved - est.static["weights"]}   # its KV-cache pool
-        # one engine at a time (S2: student, then teacher): the one with the least room decides
-        starts = [engine_start(s, gpu_bytes=hw.memory_gib * GIB, settings=settings,
-                               max_model_len=max_model_len(settings, row)) for s, _ in shapes]
-        est.engine = min(starts, key=lambda e: e.pool - e.row)
-        est.engine_key = "train.vllm_alone"
-        if hw.memory_tbps and est.hours is not None:   # each model's rows in waves of what its pool holds
-            mean = min(float(cost_block(cfg)["response_tokens"] or row - prompt), row - prompt)
-            waves = sum(decode_seconds(x, rows_total, row - prompt, mean, hw.memory_tbps) for x in starts) / 3600
-            est.hours_high = max(est.hours, waves)
-    return est
-
-
-def _engine_alone(cfg: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The settings of a sampling-only job's engine (``train.vllm`` with ``train.vllm_alone`` over it, as the plan
-    merges them), or None under ``hf``."""
-    train = cfg["train"]
-    if train.get("engine") != "vllm":
-        return None
-    return {**(train.get("vllm") or {}), **(train.get("vllm_alone") or {})}
-
-
-def base_estimate(cfg: Mapping[str, Any], job: Any, hw: Hardware | None) -> JobEstimate:
-    ev = job.config["pretrain"].get("eval") or {}
-    prompt = cost_block(cfg)["padded_prompt_tokens"] or 0
-    row = int(prompt + int(ev.get("max_new_tokens") or cfg["train"]["max_new_tokens"]))
-    block = job.config["model"]
-    return _sampling_estimate(cfg, job.id, "base", [(job.config["name"], _bytes(block.get("dtype")))],
-                              _eval_rows(ev, row), row, _heldout_rows(cfg, ev) * int(ev.get("k") or 1), hw, prompt)
-
-
-def difficulty_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw: Hardware | None) -> JobEstimate:
-    rc, rule = job.config, job.config["rule"]
-    names = [jobs[u].config["name"] for u in job.upstream if jobs[u].kind == "base"]
-    models = [(n, _bytes(rc[role].get("dtype"))) for n, role in zip(names, ("student", "teacher"))]
-    prompt = cost_block(cfg)["padded_prompt_tokens"] or 0
-    row = int(prompt + int(rc["max_new_tokens"]))
-    return _sampling_estimate(cfg, job.id, "difficulty", models, _eval_rows(rule, row), row,
-                              int(rule.get("pool_size") or 0) * int(rule["k"]), hw, prompt)
-
-
-def _heldout_rows(cfg: Mapping[str, Any], ev: Mapping[str, Any]) -> int:
-    """Prompts a base evaluation scores: ``max_prompts`` per held-out set, where the config bounds it."""
-    sets = sum(len(d.get("heldout") or {}) for d in cfg["domains"].values())
-    return sets * int(ev.get("max_prompts") or 0)
+    sets, unsized = train_time.evaluation_sets({"cost_model": {}, "domains": rc["domains"]}, rc, False)
+    return train_time.evaluations(rc), sum(s.rows for s in sets), unsized
 
 
 # -- the plan ------------------------------------------------------------------------------------------------------
@@ -372,14 +238,24 @@ def estimate_jobs(cfg: Mapping[str, Any], plan: Any) -> list[JobEstimate]:
     return out
 
 
+def stop_settings(cfg: Mapping[str, Any], plan: Any, estimates: Sequence[JobEstimate] | None = None
+                  ) -> dict[str, StopSettings]:
+    """Each training, base and difficulty job's SLURM warning lead and process-group timeout, by job id
+    (:mod:`opdgrpo.cost.stops`); ``estimates``: :func:`estimate_jobs`' answer, computed here when not given."""
+    estimates = estimate_jobs(cfg, plan) if estimates is None else estimates
+    kinds = {j.id: j.kind for j in plan.jobs.values() if j.kind in ("train", "base", "difficulty")}
+    return stop_settings_of(cfg, kinds, {e.job: e for e in estimates})
+
+
 def _host_limit(cfg: Mapping[str, Any], kind: str) -> float | None:
     mem_mb = ((cfg.get("resources") or {}).get(kind) or {}).get("mem_mb")
     return float(mem_mb) * 2**20 if mem_mb else None
 
 
 def unfit(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[str]:
-    """One message per job whose peak exceeds the usable memory of ``hardware``, or whose models read into host
-    memory exceed what the job asks SLURM for (``resources.<kind>.mem_mb``); none without ``hardware``."""
+    """One message per job whose peak exceeds the usable memory of ``hardware``, whose host memory exceeds what the
+    job asks SLURM for (``resources.<kind>.mem_mb``), or whose time exceeds what it may run (:func:`overtime`);
+    none without ``hardware``."""
     hw = Hardware.of(cfg)
     if hw is None:
         return []
@@ -388,18 +264,45 @@ def unfit(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[str]
     out += engine_refusals(hw, estimates)
     for e in estimates:
         limit = _host_limit(cfg, e.kind)
-        if limit is not None and max(e.host, e.host_resume) > limit:
-            when = "on resume (the trainer state held) while" if e.host_resume > e.host else "while"
-            out.append(f"job `{e.job}`: {max(e.host, e.host_resume) / GIB:.0f} GiB of host memory {when} its models "
-                       f"load (each of {e.gpus} processes reads one whole) > resources.{e.kind}.mem_mb "
+        if limit is not None and e.host_peak > limit:
+            when = {e.host: f"while its models load (each of {e.gpus} processes reads one whole)",
+                    e.host_resume: f"on resume (the trainer state held) while its models load (each of {e.gpus} "
+                                   "processes reads one whole)",
+                    e.host_steady: "while it runs (sleeping engines' pinned weights, a checkpoint save)"}[e.host_peak]
+            out.append(f"job `{e.job}`: {e.host_peak / GIB:.0f} GiB of host memory {when} > resources.{e.kind}.mem_mb "
                        f"({limit / GIB:.0f} GiB); change: a higher resources.{e.kind}.mem_mb")
+    return out + overtime(cfg, estimates)
+
+
+def overtime(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[str]:
+    """Jobs that cannot finish in what they may run (high end): a job that starts over (base, difficulty) in one
+    ``resources.<kind>.runtime``; a training job in ``resources.train.allocations`` allocations of that runtime,
+    each less its start-up and the SLURM warning lead."""
+    out = []
+    for e in estimates:
+        runtime, hours = train_time.runtime_h(cfg, e.kind), e.hours_high
+        if runtime is None or hours is None:
+            continue
+        if e.kind in RESTARTING and hours > runtime:
+            out.append(f"job `{e.job}`: {hours:.1f} h predicted (high end) > resources.{e.kind}.runtime "
+                       f"({runtime:g} h), and a {e.kind} job starts over when it runs out of time; change: a higher "
+                       f"resources.{e.kind}.runtime" + (" or more GPUs (resources.base.gpu: its sets are split over "
+                                                        "them)" if e.kind == "base" else ""))
+        elif e.kind == "train" and e.attempts > train_time.allocations(cfg, e.kind):
+            allowed = train_time.allocations(cfg, e.kind)
+            need = "more than 10^6" if e.attempts >= 10**6 else str(e.attempts)
+            out.append(f"job `{e.job}`: {hours:.1f} h predicted (high end) needs {need} allocations of "
+                       f"resources.train.runtime ({runtime:g} h, less {e.startup_h[1]:.2f} h of start-up and a "
+                       f"{train_time.lead_seconds(e) / 60:.0f}-minute warning lead each) > resources.train.allocations "
+                       f"({allowed}); change: a higher resources.train.allocations (with preemptible-retries in "
+                       f"workflow/profiles/slurm) or resources.train.runtime")
     return out
 
 
 def engine_refusals(hw: Hardware, estimates: Sequence[JobEstimate]) -> list[str]:
     """What vLLM itself would refuse as its engine starts (:mod:`opdgrpo.cost.engine_memory`), one message per job."""
     out = []
-    total = hw.memory_gib * GIB
+    total = hw.device_bytes
     for e in estimates:
         if e.engine is None:
             continue
@@ -416,46 +319,16 @@ def engine_refusals(hw: Hardware, estimates: Sequence[JobEstimate]) -> list[str]
     return out
 
 
-def refuse_unfit(cfg: Mapping[str, Any], plan: Any) -> None:
-    """Raise :class:`ConfigError` naming every job that would not fit (what the Snakefile calls before scheduling)."""
-    problems = unfit(cfg, estimate_jobs(cfg, plan))
+def refuse_unfit(cfg: Mapping[str, Any], plan: Any) -> list[JobEstimate]:
+    """Raise :class:`ConfigError` naming every job that would not fit or not finish (what the Snakefile calls before
+    scheduling); else the estimates, for :func:`stop_settings` (``stop_settings(cfg, plan, estimates)``)."""
+    estimates = estimate_jobs(cfg, plan)
+    problems = unfit(cfg, estimates)
     if problems:
-        raise ConfigError("jobs that would run out of GPU memory (`opdgrpo resources --profile "
-                          f"{cfg.get('profile')}` shows every estimate; usable = hardware.memory_gib x "
+        raise ConfigError("jobs that would run out of GPU memory, host memory or time (`opdgrpo resources --profile "
+                          f"{cfg.get('profile')}` shows every estimate; usable = the memory CUDA reports x "
                           "hardware.usable_fraction):\n  " + "\n  ".join(problems))
-
-
-def table(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
-    hw = Hardware.of(cfg)
-    comps = ["weights", "gradients", "optimizer", "teachers"]
-    head = ("| job | GPUs | " + " | ".join(comps) + " | peak phase (GiB) | peak GiB / GPU | fits | host GiB / node | hours "
-            "| GPU-hours | vLLM rows at once |\n|---|---|" + "---|" * (len(comps) + 7))
-    lines = [head]
-    for e in estimates:
-        cells = [f"{e.static.get(c, 0.0) / GIB:.1f}" for c in comps]
-        fits = "-" if hw is None else ("yes" if e.peak <= hw.budget else "**no**")
-        hours = "-" if e.hours is None else _span(e.hours, e.hours_high, ".1f")
-        gpu_hours = "-" if e.hours is None else _span(e.hours * e.gpus, (e.hours_high or 0) * e.gpus or None, ".0f")
-        lines.append(f"| {e.job} | {e.gpus} | " + " | ".join(cells) + f" | {e.peak_phase} "
-                     f"({e.phases.get(e.peak_phase, 0.0) / GIB:.1f}) | {e.peak / GIB:.1f} | {fits} | {_host(e)} | {hours} "
-                     f"| {gpu_hours} | {_rows_at_once(e)} |")
-    return "\n".join(lines)
-
-
-def _host(e: JobEstimate) -> str:
-    return f"{e.host / GIB:.0f}" + (f", {e.host_resume / GIB:.0f}" if e.host_resume > e.host else "")
-
-
-def _span(low: float, high: float | None, fmt: str) -> str:
-    """``low``, or ``low-high`` where the decode-bound estimate is higher."""
-    return format(low, fmt) if high is None or format(high, fmt) == format(low, fmt) else f"{low:{fmt}}-{high:{fmt}}"
-
-
-def _rows_at_once(e: JobEstimate) -> str:
-    """Rows of the engine's ``max_model_len`` its KV pool holds at once (more in one call wait or are preempted)."""
-    if e.engine is None:
-        return "-"
-    return f"{e.engine.rows_at_once} of {e.engine.max_model_len}"
+    return estimates
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -470,68 +343,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     try:
         cfg = compose(([f"profile={args.profile}"] if args.profile else []) + list(args.overrides), args.conf_dir)
-        estimates = estimate_jobs(cfg, build_plan(cfg))
+        plan = build_plan(cfg)
+        estimates = estimate_jobs(cfg, plan)
+        stops = stop_settings(cfg, plan, estimates)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(summary(cfg, estimates))
+    print(summary(cfg, estimates, stops))
     problems = unfit(cfg, estimates)
     for p in problems:
         print(f"error: {p}", file=sys.stderr)
     return 1 if problems else 0
-
-
-def summary(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
-    hw = Hardware.of(cfg)
-    if hw is None:
-        where = "no `hardware` block in this profile: memory is estimated, not checked, and no wall time is given"
-    else:
-        where = (f"{hw.name}: {hw.memory_gib:g} GiB x {hw.usable_fraction:g} usable; wall time at "
-                 f"{hw.bf16_tflops:g} TFLOP/s x MFU {hw.train_mfu:g} (training passes, teachers) and "
-                 f"{hw.sampling_mfu:g} (sampling)"
-                 + (f"; the high end bounds sampling by decode waves at {hw.memory_tbps:g} TB/s (continuous "
-                    "batching of 'vLLM rows at once' rows; a step reads the weights and their KV cache; at least the "
-                    "longest row's steps)" if hw.memory_tbps else "")
-                 + "; training jobs' hours include their held-out evaluations. 'vLLM rows at once': rows of the "
-                   "engine's max_model_len its KV pool holds after vLLM's start-up checks (its share less its "
-                   "weights and profiling peak; a pool short of one row is refused here, as vLLM would refuse it)")
-    on_cpus = sorted(kind for kind, block in (cfg.get("resources") or {}).items()
-                     if isinstance(block, Mapping) and "gpu" in block and not block.get("gpu"))
-    if hw is not None and on_cpus:   # e.g. the rehearsal: the paper's plan, run on CPUs
-        where += (f"\n\nThis profile runs its {', '.join(on_cpus)} jobs on CPUs (resources.<kind>.gpu: 0): the figures "
-                  f"below are what its plan would need on the {hw.name} of its `hardware` block, not what it uses here.")
-    low = sum((e.hours or 0.0) * e.gpus for e in estimates)
-    high = sum((e.hours_high or e.hours or 0.0) * e.gpus for e in estimates)
-    total = (f"{low:,.0f}" if round(high) == round(low) else f"{low:,.0f}-{high:,.0f}")
-    node = (f"{low / 8:,.0f}" if round(high) == round(low) else f"{low / 8:,.0f}-{high / 8:,.0f}")
-    return (f"# Estimated peak GPU memory per device and wall time: profile `{cfg.get('profile')}`, "
-            f"{len(estimates)} GPU jobs\n\n{where}\n\n{table(cfg, estimates)}\n\n"
-            + (f"Total: {total} GPU-hours ({node} hours of one 8-GPU node)\n" if hw else "")
-            + _signal_lead(estimates)
-            + "".join(f"note: {line}\n" for line in _over_runtime(cfg, estimates))
-            + "".join(f"note: job `{e.job}`: {line}\n" for e in estimates for line in e.notes))
-
-
-def _signal_lead(estimates: Sequence[JobEstimate]) -> str:
-    """The SLURM warning a training job needs (``--signal=TERM@<s>`` in workflow/profiles/slurm): the longer of a
-    step and an evaluation, plus a checkpoint save, over the training jobs (high-end times)."""
-    leads = [e for e in estimates if e.signal_lead_s]
-    if not leads:
-        return ""
-    worst = max(leads, key=lambda e: e.signal_lead_s)
-    return (f"SLURM warning lead: at least {math.ceil(worst.signal_lead_s / 60)} minutes for `{worst.job}` (a step or "
-            "an evaluation, then a checkpoint save); set `--signal=TERM@<seconds>` in workflow/profiles/slurm "
-            "(it ships 120 s, for the CPU profiles)\n")
-
-
-def _over_runtime(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[str]:
-    """Jobs whose high-end hours exceed what they ask SLURM for (``resources.<kind>.runtime``, minutes)."""
-    out = []
-    for e in estimates:
-        runtime = ((cfg.get("resources") or {}).get(e.kind) or {}).get("runtime")
-        hours = e.hours_high or e.hours
-        if runtime and hours and hours * 60 > float(runtime):
-            out.append(f"job `{e.job}` may outlive resources.{e.kind}.runtime ({float(runtime) / 60:g} h): "
-                       f"{hours:.1f} h at the high end (training jobs resume from their checkpoint; base and "
-                       f"difficulty jobs start over)")
-    return out
