@@ -8,7 +8,7 @@ from pathlib import Path
 
 from opdgrpo.config import compose
 from opdgrpo.plan.build import build_plan
-from opdgrpo.cost.resources import refuse_unfit
+from opdgrpo.cost.resources import refuse_unfit, stop_settings
 
 _overrides = [f"profile={config['profile']}"] if "profile" in config else []
 _overrides += list(config.get("overrides", []))
@@ -17,7 +17,7 @@ PLAN = build_plan(CFG)
 ROOT = PLAN.root
 # Each GPU job's estimated peak memory against the profile's `hardware` block (opdgrpo.cost.resources; `opdgrpo resources`
 # prints the estimates): a job that would not fit is refused here, naming the knob, before anything is scheduled.
-refuse_unfit(CFG, PLAN)
+ESTIMATES = refuse_unfit(CFG, PLAN)
 
 
 include: "workflow/rules/common.smk"

@@ -240,7 +240,7 @@ def command(job, out_dir: Path, processes: int = 1) -> list[str]:
     if job.kind == "tokenizer":
         return [*py, "opdgrpo.cli", "tokenizer", "--out", str(out_dir), "--config-json", cfg]
     if job.kind == "base":
-        launch = [*torchrun, str(processes)] if processes > 1 else py
+        launch = [*torchrun, str(processes), "-m"] if processes > 1 else py
         return [*launch, "opdgrpo.cli", "pretrain", "--out", str(out_dir), "--config-json", cfg]
     return [*torchrun, "1", "-m", "opdgrpo.cli", "train", "--out", str(out_dir), "--config-json", cfg]
 

@@ -70,8 +70,9 @@ def test_rehearsal_trains_on_two_processes_each_with_its_own_engine(rehearsal_da
 
 def test_rehearsal_base_jobs_write_weightless_hub_directories_and_evaluate_them(rehearsal_dag):
     """``source: random``: each base job writes a hub-format directory with no weights (config, tokenizer, seed),
-    links it as a hub snapshot is linked, and evaluates every held-out set of the paper's four domains through the
-    engine; a loader draws the weights from the seed."""
+    links it as a hub snapshot is linked, and evaluates every held-out set of the paper's four domains split over 2
+    processes under torchrun, a vLLM engine each (as a GPU node's base job, one per GPU); a loader draws the weights
+    from the seed."""
     from transformers import AutoTokenizer
 
     from opdgrpo.train.models import RANDOM_INIT, load_model
@@ -81,6 +82,8 @@ def test_rehearsal_base_jobs_write_weightless_hub_directories_and_evaluate_them(
         done = _json(base / model / "done.json")
         assert done["source"] == "random" and done["counted"] is False
         assert {r["eval_domain"] for r in done["heldout"]} == {"math", "code", "ifeval", "knowledge"}
+        assert done["processes"] == 2 and [(e["backend"], e["local_rank"]) for e in done["engines"]] == \
+            [("external_launcher", 0), ("external_launcher", 1)], model
         link = base / model / "checkpoint"
         assert link.is_symlink() and (link / "config.json").is_file() and (link / RANDOM_INIT).is_file()
         assert not list(link.glob("*.safetensors"))

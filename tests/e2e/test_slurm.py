@@ -174,12 +174,13 @@ def slurm_cluster(tmp_path_factory):
         assert not left, f"daemons still running after teardown: {left}"
 
 
-def slurm_snakemake(workdir: Path, *args: str, timeout_s: int = 600, warning_s: int = 120) -> list[str]:
+def slurm_snakemake(workdir: Path, *args: str, timeout_s: int = 600) -> list[str]:
     """Snakemake through the SLURM profile, with the test cluster's site settings. Snakemake ignores SIGTERM while
-    jobs run but stops on SIGINT, hence `timeout -s INT`. ``warning_s``: the lead time of the warning SIGTERM."""
+    jobs run but stops on SIGINT, hence `timeout -s INT`. The training rules' warning lead comes from the plan
+    (`resources.train.signal_lead_s` where the profile has no `hardware` block)."""
     return ["timeout", "-s", "INT", str(timeout_s), *SLURM_SNAKEMAKE, "--directory", str(workdir),
             "--workflow-profile", str(REPO / "workflow" / "profiles" / "slurm"),
-            "--default-resources", f"slurm_partition={PARTITION}", f"slurm_extra='--signal=TERM@{warning_s}'",
+            "--default-resources", f"slurm_partition={PARTITION}",
             "--slurm-no-account",                                  # no slurmdbd here: no accounts to check
             "--slurm-status-command", "squeue",                    # sacct hangs without slurmdbd
             "--slurm-init-seconds-before-status-checks", str(FIRST_POLL_S),
@@ -268,16 +269,18 @@ def test_a_job_with_two_processes_runs_them_inside_its_allocation(slurm_and_loca
         assert [r["step"] for r in _ledger(run_dir)] == list(range(summary["steps"]))
 
 
-# A run longer than its allocation: 1-minute time limit, the warning SIGTERM 5 s before it; slurmctld checks time
-# limits about every 30 s and sends the warning once `now + 30 s + 5 s` passes the limit, so it arrives 20 to 55 s
-# into the job, of which the job's own Snakemake and the trainer's start take 10 to 15 s. Each attempt trains until
-# then, checkpoints, exits 130, and Snakemake resubmits it (the profile's preemptible-retries) until the run
-# completes. Steps last at least PACE_S (OPDGRPO_FAULT=pace: a sleep, numbers unchanged), so the run needs 52 s of
-# steps, more than one allocation gives, on any machine: 2 or 3 attempts of up to about 60 s each (Snakemake sees
-# an attempt's end within POLL_S, then resubmits).
+# A run longer than its allocation: 1-minute time limit, the warning SIGTERM 5 s before it (the rule's
+# `--signal=TERM@<lead>` from the plan: `resources.train.signal_lead_s`); slurmctld checks time limits about every
+# 30 s and sends the warning once `now + 30 s + 5 s` passes the limit, so it arrives 20 to 55 s into the job, of
+# which the job's own Snakemake and the trainer's start take 10 to 20 s. The run has 2 processes under torchrun, as
+# a GPU node's runs do: SLURM signals torchrun and its workers, torchrun waits the lead (`--shutdown-timeout`) for
+# them, and they finish the step, checkpoint and exit 130; Snakemake resubmits the job (the profile's
+# preemptible-retries) until the run completes. Steps last at least PACE_S (OPDGRPO_FAULT=pace: a sleep, numbers
+# unchanged), so the run needs 52 s of steps, more than one allocation gives, on any machine: 2 to 4 attempts of up
+# to about 60 s each (Snakemake sees an attempt's end within POLL_S, then resubmits).
 LIMITED_RUN = "grpo-student-math-s0"
 LIMITED_STEPS, PACE_S = 130, 0.4
-LIMIT_MIN, WARNING_S = 1, 5
+LIMIT_MIN, WARNING_S, PROCESSES = 1, 5, 2
 
 
 @pytest.fixture(scope="module")
@@ -287,7 +290,8 @@ def time_limited_run(slurm_cluster, smoke_dag, tmp_path_factory):
     from opdgrpo.plan.build import build_plan
 
     workdir = tmp_path_factory.mktemp("time_limited")
-    overrides = [f"methods.grpo.steps={LIMITED_STEPS}", f"resources.train.runtime={LIMIT_MIN}"]
+    overrides = [f"methods.grpo.steps={LIMITED_STEPS}", f"resources.train.runtime={LIMIT_MIN}",
+                 f"resources.train.signal_lead_s={WARNING_S}", f"resources.train.processes={PROCESSES}"]
     args = (f"results/smoke/runs/{LIMITED_RUN}/done.json", "--config", "profile=smoke", f"overrides=[{','.join(overrides)}]")
     t0 = time.time()
     for rel in UPSTREAM:   # tokenizer and student, built locally (copytree keeps mtimes: Snakemake sees them current)
@@ -295,10 +299,12 @@ def time_limited_run(slurm_cluster, smoke_dag, tmp_path_factory):
     t_up = time.time()
     # the job config exactly as the rule passes it (workflow/rules/common.smk job_config: sorted keys)
     cfg = build_plan(compose(["profile=smoke", *overrides], REPO / "conf")).jobs[LIMITED_RUN].config
-    reference = subprocess.Popen([sys.executable, "-m", "opdgrpo.cli", "train", "--out", "reference",
-                                  "--config-json", json.dumps(cfg, sort_keys=True)], cwd=workdir, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc_per_node",
+                str(PROCESSES), "-m", "opdgrpo.cli"]   # as the rule starts it, uninterrupted
+    reference = subprocess.Popen([*torchrun, "train", "--out", "reference", "--config-json", json.dumps(cfg, sort_keys=True)],
+                                 cwd=workdir, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    done = subprocess.run(slurm_snakemake(workdir, *args, warning_s=WARNING_S), capture_output=True, text=True,
+    done = subprocess.run(slurm_snakemake(workdir, *args), capture_output=True, text=True,
                           timeout=700, env={**os.environ, "OPDGRPO_FAULT": f"pace:{PACE_S}"})   # sbatch --export=ALL
     ref_out, _ = reference.communicate(timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
@@ -352,6 +358,7 @@ def test_a_run_longer_than_its_time_limit_finishes_over_several_allocations(time
     for cut, whole in zip(ledger, reference):                                  # the same steps, FLOPs, tokens, numbers
         assert {k: v for k, v in cut.items() if k not in TIMING} == {k: v for k, v in whole.items() if k not in TIMING}
     summary, ref_summary = (json.loads((d / "done.json").read_text()) for d in (run_dir, workdir / "reference"))
+    assert summary["processes"] == PROCESSES and summary["collective_timeout_s"] == 1800   # the plan's, no hardware block
     assert summary["cumulative_flops"] == ref_summary["cumulative_flops"] == ledger[-1]["cumulative_flops"]
     assert summary["final_eval"] == ref_summary["final_eval"]
 
@@ -375,3 +382,15 @@ def test_a_retry_after_a_real_error_does_not_train(time_limited_run):
     assert "error: attempt 2: not training, attempt 1 ended nonfinite" in log, log[-3000:]
     assert not (workdir / "results" / "smoke" / "runs" / run / "done.json").exists()
     print(f"a NaN stop, then a refused retry, through SLURM: {time.time() - t0:.0f} s")
+
+
+def test_the_profiles_placeholders_stop_a_run_before_any_submission(slurm_cluster, tmp_path):
+    """The SLURM profile as shipped names no partition or account (`EDIT-ME-...`): the run stops before its first
+    sbatch, naming both settings, instead of sbatch refusing job after job."""
+    cmd = [c for c in slurm_snakemake(tmp_path, "--config", "profile=smoke") if c not in (f"slurm_partition={PARTITION}",
+                                                                                          "--default-resources", "--slurm-no-account")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-3000:]
+    assert "default-resources.slurm_partition is 'EDIT-ME-partition'" in out and "slurm_account" in out, out[-3000:]
+    assert "jobid" not in out.lower() and not (tmp_path / "results").exists(), out[-3000:]

@@ -45,8 +45,10 @@ rule pretrain:
     threads: THREADS
     resources:
         **job_resources("base"),
+        **stop_resources(lambda w: f"base-{w.model}"),
     params:
         cfg=lambda w: job_config(f"base-{w.model}"),
         out=lambda w: PLAN.jobs[f"base-{w.model}"].out_dir,
     shell:
-        "{OPDGRPO} pretrain --out {params.out} --config-json {params.cfg:q} > {log} 2>&1"
+        BASE_CMD + " pretrain --out {params.out} --config-json {params.cfg:q} "
+        "--collective-timeout {resources.collective_timeout_s} > {log} 2>&1"

@@ -23,6 +23,8 @@ def job_config(job_id):
 
 
 from opdgrpo import job_identity
+from opdgrpo.cost.site import site_settings_problems
+from snakemake.exceptions import WorkflowError
 
 # Snakemake's own prefix (bash strict mode) kept; braces doubled, as Snakemake formats the prefix like a command.
 _RUNTIME = shlex.quote(json.dumps(job_identity.runtime(j.config for j in PLAN.jobs.values()), sort_keys=True))
@@ -77,24 +79,48 @@ def job_resources(kind):
     return res
 
 
-def processes_per_run():
-    """Processes of one training run: `resources.train.processes`, else one per GPU the job asks for, else 1."""
-    res = CFG.get("resources", {}).get("train", {})
+def processes(kind):
+    """Processes of one job of `kind`: `resources.<kind>.processes`, else one per GPU the job asks for, else 1."""
+    res = CFG.get("resources", {}).get(kind, {})
     return int(res.get("processes") or res.get("gpu") or 1)
 
 
-# A training run with several processes starts them with torchrun inside its allocation (one node, a free port
-# per job); they share the run through torch.distributed (opdgrpo.train.distributed). `--config launch_cmd=...` replaces it.
-TRAIN_PROCS = processes_per_run()
-TRAIN_CMD = (
-    OPDGRPO
-    if TRAIN_PROCS == 1
-    else config.get(
-        "launch_cmd",
-        f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nnodes 1 "
-        f"--nproc_per_node {TRAIN_PROCS} -m opdgrpo.cli",
+# Each job's stop settings (opdgrpo.cost.resources.stop_settings, printed by `opdgrpo resources`): the SLURM warning
+# lead (a step or an evaluation under way, then a checkpoint save) and the process group's timeout (the longest
+# phase in which one process waits for another). Rule resources, not params: a changed estimate reruns no job.
+STOP = stop_settings(CFG, PLAN, ESTIMATES)
+
+
+def stop_resources(job_of):
+    """`signal_lead_s`, `collective_timeout_s` and `slurm_extra` (`--signal=TERM@<lead>`, then the user's own
+    `--config slurm_extra=...`) of the job a rule's wildcards name (`job_of(wildcards)`)."""
+    extra = config.get("slurm_extra", "")
+    return dict(
+        signal_lead_s=lambda w: STOP[job_of(w)].signal_lead_s,
+        collective_timeout_s=lambda w: STOP[job_of(w)].collective_timeout_s,
+        slurm_extra=lambda w: f"--signal=TERM@{STOP[job_of(w)].signal_lead_s} {extra}".strip(),
     )
-)
+
+
+def launcher(procs, override=None):
+    """What starts a job's processes: the package's CLI for one; for several, torchrun on one node with a free port
+    per job, which passes SLURM's warning on to its processes and waits the job's signal lead for them
+    (`--shutdown-timeout`; its own default, 30 s, would kill a checkpoint save of a large model half-way).
+    `override` (`--config launch_cmd=...`) replaces the torchrun command."""
+    if procs == 1:
+        return OPDGRPO
+    return override or (
+        f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nnodes 1 --nproc_per_node {procs} "
+        "--shutdown-timeout {resources.signal_lead_s} -m opdgrpo.cli"
+    )
+
+
+# A training run with several processes starts them with torchrun inside its allocation; they share the run through
+# torch.distributed (opdgrpo.train.distributed). A base evaluation of a hub or random model with several GPUs splits
+# every held-out set over them, one vLLM engine each (opdgrpo.stages.hub_models.fetch_base).
+TRAIN_PROCS = processes("train")
+TRAIN_CMD = launcher(TRAIN_PROCS, config.get("launch_cmd"))
+BASE_CMD = launcher(processes("base"))
 
 
 # Jobs that only copy files run where Snakemake runs, never as cluster jobs.
@@ -107,5 +133,38 @@ localrules:
 # its time limit): the trainer refuses a retry after a real error (opdgrpo.attempts), so retries only continue
 # interrupted runs. Snakemake deletes the log before each attempt; the trainer starts it with the earlier attempts.
 TRAIN_SHELL = (
-    "{TRAIN_CMD} train --out {params.out} --config-json {params.cfg:q} --attempt {resources.attempt} > {log} 2>&1"
+    TRAIN_CMD + " train --out {params.out} --config-json {params.cfg:q} --attempt {resources.attempt} "
+    "--collective-timeout {resources.collective_timeout_s} > {log} 2>&1"
 )
+
+
+def slurm_settings():
+    """This call's SLURM settings, the workflow profile and the command line together, as opdgrpo.cost.site reads
+    them; None under another executor (a local run, a dry run, or a job already on its node)."""
+    if getattr(workflow.executor_plugin, "name", None) != "slurm":
+        return None
+    defaults = workflow.resource_settings.default_resources
+    resources = dict(defaults.unwrapped_items()) if hasattr(defaults, "unwrapped_items") else dict(defaults or {})
+    if getattr(workflow.executor_settings, "no_account", False):
+        resources["slurm_account"] = "none (--slurm-no-account)"
+    remote = workflow.remote_execution_settings
+    preemptible = remote.preemptible_rules
+    return {
+        "executor": "slurm",
+        "default-resources": resources,
+        "preemptible-retries": remote.preemptible_retries or 0,
+        "preemptible-rules": ["grpo", "opd"] if preemptible.all else sorted(preemptible.rules),
+    }
+
+
+def refuse_site_settings():
+    """Before the first submission: a SLURM run with the profile's placeholders (partition, account) or fewer
+    training resubmissions than the plan counts on stops here, naming each setting, instead of job by job later."""
+    settings = slurm_settings()
+    problems = site_settings_problems(settings, CFG) if settings is not None else []
+    if problems:
+        raise WorkflowError("SLURM site settings to set before submitting:\n  " + "\n  ".join(problems))
+
+
+onstart:
+    refuse_site_settings()

@@ -17,6 +17,7 @@ rule grpo:
     threads: THREADS
     resources:
         **job_resources("train"),
+        **stop_resources(lambda w: w.run),
         attempt=lambda w, attempt: attempt,
     params:
         cfg=lambda w: job_config(w.run),

@@ -75,6 +75,8 @@ def estimate(cfg: Mapping[str, Any], job_id: str, kind: str, samplers: Sequence[
                       host=gpus * first.dtype_bytes * params(biggest))   # each process reads the model whole (CPU)
     est.sets = list(samplers[-1].sets)
     settings = engine_settings(cfg)
+    if settings is not None:   # the engine reads the weights onto its GPU; the job's own model is built on `meta`
+        est.host = 0.0
     starts: list[EngineStart | None] = [None] * len(shapes)
     if hw and settings is not None:   # the engine reserves its share; the weights and the KV pool live inside
         reserved = float(settings.get("gpu_memory_utilization", VLLM_DEFAULT_SHARE)) * hw.device_bytes
