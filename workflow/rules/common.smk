@@ -29,6 +29,10 @@ from snakemake.exceptions import WorkflowError
 # Snakemake's own prefix (bash strict mode) kept; braces doubled, as Snakemake formats the prefix like a command.
 _RUNTIME = shlex.quote(json.dumps(job_identity.runtime(j.config for j in PLAN.jobs.values()), sort_keys=True))
 _PREFIX = f"set -euo pipefail; export {job_identity.ENV}={_RUNTIME}; "
+# `hub_offline: true` (the paper profile): jobs read the Hugging Face caches only, so a compute node without network
+# fails a job at its start, naming each missing model or data set and `opdgrpo fetch`, instead of after timeouts.
+if CFG.get("hub_offline"):
+    _PREFIX += "export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1; "
 shell.prefix(_PREFIX.replace("{", "{{").replace("}", "}}"))
 
 
