@@ -264,3 +264,17 @@ def test_difficulty_selection_then_training_on_one_subset(smoke_world, tmp_path)
     cfg["train_subset"]["subset"] = "s7t7"
     with pytest.raises(KeyError, match="s7t7"):
         train(cfg, tmp_path / "run2")
+
+
+@pytest.mark.parametrize("run_id", ["grpo-student-math-s0", "opd-teacher_m-math-s0"])
+def test_a_training_step_draws_every_random_tensor_on_its_generators_device(smoke_world, tmp_path, run_id):
+    """The trainer's rollouts and evaluations under the device check (tests/device_checks.py): on a GPU the
+    rollout and evaluation generators are CUDA generators, and any draw that does not land on its generator's device
+    fails there (the step-0 evaluation under vLLM did); here every such draw fails the run."""
+    from device_checks import RandomDrawsNameTheirDevice
+
+    _, plan = smoke_world
+    cfg = _config(plan, run_id, tmp_path, steps=1)
+    with RandomDrawsNameTheirDevice() as mode:
+        train(cfg, tmp_path / "run")
+    assert mode.seen > 0 and [r["step"] for r in read_jsonl(tmp_path / "run" / "ledger.jsonl")] == [0]

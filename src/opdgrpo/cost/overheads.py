@@ -15,7 +15,7 @@ where each comes from.
   two moments (12 bytes per student parameter), then reads every file back for the sha256 manifest, while the
   other processes wait in a barrier; on resume every process hashes and loads it again.
 - **Start-ups**: every attempt of a job reads its models from the shared filesystem (the trainer's student and
-  teachers; a base job's model, once by the stage and once by vLLM, the second from the page cache) and starts its
+  teachers; a base job's model by its vLLM engine, the stage itself building it on `meta`) and starts its
   vLLM engine: ``torch.compile`` (cached after the first start), the profiling forward, CUDA graph capture.
 """
 
