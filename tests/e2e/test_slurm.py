@@ -291,7 +291,7 @@ def time_limited_run(slurm_cluster, smoke_dag, tmp_path_factory):
 
     workdir = tmp_path_factory.mktemp("time_limited")
     overrides = [f"methods.grpo.steps={LIMITED_STEPS}", f"resources.train.runtime={LIMIT_MIN}",
-                 f"resources.train.signal_lead_s={WARNING_S}", f"resources.train.processes={PROCESSES}"]
+                 f"++resources.train.signal_lead_s={WARNING_S}", f"++resources.train.processes={PROCESSES}"]
     args = (f"results/smoke/runs/{LIMITED_RUN}/done.json", "--config", "profile=smoke", f"overrides=[{','.join(overrides)}]")
     t0 = time.time()
     for rel in UPSTREAM:   # tokenizer and student, built locally (copytree keeps mtimes: Snakemake sees them current)

@@ -147,8 +147,9 @@ def slurm_settings():
     them; None under another executor (a local run, a dry run, or a job already on its node)."""
     if getattr(workflow.executor_plugin, "name", None) != "slurm":
         return None
-    defaults = workflow.resource_settings.default_resources
-    resources = dict(defaults.unwrapped_items()) if hasattr(defaults, "unwrapped_items") else dict(defaults or {})
+    defaults = workflow.resource_settings.default_resources or {}
+    # a command line's `--default-resources k=v` is an expression evaluated per rule: its text is what it names
+    resources = {k: (v.raw if v.is_evaluable() else v.value) for k, v in defaults.items()}
     if getattr(workflow.executor_settings, "no_account", False):
         resources["slurm_account"] = "none (--slurm-no-account)"
     remote = workflow.remote_execution_settings
