@@ -13,7 +13,8 @@ from opdgrpo.cost.memory_model import GIB
 from opdgrpo.plan.build import build_plan
 
 HF = ("train.engine=hf ~train.vllm ~train.vllm_alone methods.grpo.engine_is_cap=null train.micro_batches=64"   # the own sampler: 8 rows per call
-      " train.max_tokens_per_microbatch=32768")   # its bf16 replica (16 GB for the 8B) leaves less room for the pass
+      " train.max_tokens_per_microbatch=32768"   # its bf16 replica (16 GB for the 8B) leaves less room for the pass
+      " resources.base.mem_mb=600000")   # each base process reads the model whole to sample it (488 GiB for the 32B)
 
 
 @pytest.fixture(scope="module")
