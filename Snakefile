@@ -6,13 +6,11 @@
 # conf/ -> plan (opdgrpo.plan.build) -> one job per run -> run directories -> report.
 from pathlib import Path
 
-from opdgrpo.config import compose
+from opdgrpo.config import compose, workflow_overrides
 from opdgrpo.plan.build import build_plan
 from opdgrpo.cost.resources import refuse_unfit, stop_settings
 
-_overrides = [f"profile={config['profile']}"] if "profile" in config else []
-_overrides += list(config.get("overrides", []))
-CFG = compose(_overrides, Path(workflow.basedir) / "conf")
+CFG = compose(workflow_overrides(config), Path(workflow.basedir) / "conf")
 PLAN = build_plan(CFG)
 ROOT = PLAN.root
 # Each GPU job's estimated peak memory against the profile's `hardware` block (opdgrpo.cost.resources; `opdgrpo resources`

@@ -47,6 +47,42 @@ def compose(overrides: Sequence[str] = (), conf_dir: Path | None = None) -> dict
     return resolved
 
 
+#: The ``snakemake --config`` keys the workflow reads, and what each does. Snakemake accepts any key there and the
+#: workflow would silently ignore a misspelt one (``profle=smoke`` would start the default profile's 80 jobs).
+WORKFLOW_KEYS = {
+    "profile": "the scale (conf/profile/*.yaml): smoke, tiny, paper, ...",
+    "overrides": "Hydra overrides, a list: 'overrides=[\"methods.opd.lr=1e-4\"]'",
+    "opdgrpo_cmd": "the command jobs run instead of `python -m opdgrpo.cli`",
+    "launch_cmd": "the launcher of multi-process jobs instead of torchrun",
+    "gpu_model": "the GPU model SLURM jobs ask for (`--gpus=<model>:<n>`)",
+    "slurm_extra": "further sbatch flags for the GPU jobs",
+}
+
+
+def workflow_overrides(config: dict[str, Any]) -> list[str]:
+    """The Hydra overrides a ``snakemake --config`` mapping stands for, after refusing what it cannot mean: an unknown
+    key (with the closest known ones) or ``overrides`` that is not a list of strings. A single string is read as one
+    override (``overrides=methods.opd.lr=1e-4``), not split into characters; Snakemake parses ``[a=1,b=2]`` into a
+    list itself."""
+    import difflib
+
+    unknown = sorted(set(config) - set(WORKFLOW_KEYS))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(WORKFLOW_KEYS), n=2)
+        raise ConfigError(
+            f"unknown `--config` key(s) {unknown}: the workflow reads only {sorted(WORKFLOW_KEYS)}"
+            + (f"; did you mean {close}?" if close else "")
+            + "; a setting of conf/ goes in as `--config 'overrides=[\"key=value\"]'`")
+    overrides = config.get("overrides", [])
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    if not isinstance(overrides, (list, tuple)) or not all(isinstance(o, str) for o in overrides):
+        raise ConfigError(f"`--config overrides` must be a list of Hydra overrides (strings), got {overrides!r}; "
+                          "e.g. --config 'overrides=[\"methods.opd.lr=1e-4\",\"seeds=[0]\"]'")
+    profile = [f"profile={config['profile']}"] if "profile" in config else []
+    return profile + list(overrides)
+
+
 #: The blocks whose entries a profile may switch off by setting them to null.
 SWITCHABLE = ("studies", "models")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -52,9 +53,26 @@ def validate(data: Any, name: str, where: str = "", fix: str = "fix it in conf/ 
 
 def check(data: Any, schema: dict[str, Any], where: str = "", fix: str = "fix it in conf/ or pass `{key}=...`") -> None:
     """Like :func:`validate`, with a schema given as a mapping (e.g. a study's own)."""
+    _refuse_non_finite(data, where, fix)
     errors = list(_validator(schema).iter_errors(data))
     if errors:
         raise SchemaError(message(_deepest(errors), where, fix))
+
+
+def _refuse_non_finite(data: Any, where: str, fix: str, path: tuple[Any, ...] = ()) -> None:
+    """NaN and infinities are refused for every key, before the schema: JSON Schema's bounds compare with ``<``/``>``,
+    which a NaN passes (``nan >= 0`` and ``nan <= 1`` are both false, so neither bound reports it), and no setting of
+    this pipeline means "infinite" (null means "none" where a key allows it). One check here holds for every numeric
+    key, present and future, instead of a ``not: nan`` in each schema."""
+    if isinstance(data, float) and not math.isfinite(data):
+        key = _dotted(where, path)
+        raise SchemaError(f"config key `{key}` must be a finite number, got {data!r}; {fix.format(key=key)}")
+    if isinstance(data, dict):
+        for name, value in data.items():
+            _refuse_non_finite(value, where, fix, (*path, name))
+    elif isinstance(data, (list, tuple)):
+        for i, value in enumerate(data):
+            _refuse_non_finite(value, where, fix, (*path, i))
 
 
 def _deepest(errors: list[jsonschema.ValidationError]) -> jsonschema.ValidationError:
@@ -116,6 +134,7 @@ def message(error: jsonschema.ValidationError, where: str = "", fix: str = "fix 
         "maxItems": lambda: f"a list of at most {error.validator_value} item(s)",
         "minProperties": lambda: "a non-empty mapping",
         "minLength": lambda: "a non-empty string",
+        "uniqueItems": lambda: "a list without repeats",
     }.get(kind, lambda: error.message)()
     text = f"config key `{key}` must be {what}, got {value!r}"
     if hint:

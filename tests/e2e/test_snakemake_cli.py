@@ -26,6 +26,8 @@ def runs(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]
     for override in REFUSED:
         dirs[override] = tmp_path_factory.mktemp("refused")
         cmds[override] = [*SNAKEMAKE, "--directory", str(dirs[override]), "-n", "--config", "profile=smoke", f"overrides=[{override}]"]
+    dirs["typo"] = tmp_path_factory.mktemp("typo")
+    cmds["typo"] = [*SNAKEMAKE, "--directory", str(dirs["typo"]), "-n", "--config", "profle=smoke"]
     dirs["paper_too_big"] = tmp_path_factory.mktemp("paper_too_big")
     cmds["paper_too_big"] = [*SNAKEMAKE, "-n", "--cores", "1", "--config", "profile=paper",
                              f'overrides=["results_dir={dirs["paper_too_big"]}","train.vllm.gpu_memory_utilization=0.9"]']
@@ -41,6 +43,15 @@ def test_snakemake_refuses_before_scheduling(runs, override, message):
     tmp_path, out = runs[override]
     assert out.returncode != 0
     assert message in out.stdout + out.stderr and "Job stats" not in out.stdout
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_misspelt_config_key_is_refused_not_ignored(runs):
+    """`--config profle=smoke` would otherwise start the default profile's DAG; the workflow's own keys are checked."""
+    tmp_path, out = runs["typo"]
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "Job stats" not in out.stdout
+    assert "unknown `--config` key(s) ['profle']" in text and "did you mean ['profile']" in text, text[-3000:]
     assert not (tmp_path / "results").exists()
 
 

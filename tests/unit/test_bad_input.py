@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from opdgrpo import runio
-from opdgrpo.config import ConfigError, compose
+from opdgrpo.config import ConfigError, compose, workflow_overrides
 from opdgrpo.domains import Task
 from opdgrpo.domains.math import MathDomain
 from opdgrpo.plan.build import build_plan
@@ -48,8 +48,14 @@ def _compose(*overrides: str):
         ("models.student.pretrain.thinking_fraction=1.5", r"`models\.student\.pretrain\.thinking_fraction` must be in \[0, 1\]"),
         ("models.teacher_m.pretrain.thinking_fraction=-0.1", r"`models\.teacher_m\.pretrain\.thinking_fraction` must be in \[0, 1\]"),
         ("seeds=[0,a]", r"`seeds\[1\]` must be an integer, got 'a'"),
-        ("seeds=3", r"`seeds` must be a list, got 3 \(a non-empty list of integers"),
+        ("seeds=3", r"`seeds` must be a list, got 3 \(a non-empty list of distinct non-negative integers"),
         ("seeds=[0.5]", r"`seeds\[0\]` must be an integer, got 0.5"),
+        ("seeds=[0,0]", r"`seeds` must be a list without repeats, got \[0, 0\]"),
+        ("seeds=[-1]", r"`seeds\[0\]` must be >= 0, got -1"),
+        ("methods.grpo.lr=nan", r"`methods\.grpo\.lr` must be a finite number, got nan"),
+        ("methods.grpo.grad_clip=nan", r"`methods\.grpo\.grad_clip` must be a finite number, got nan"),
+        ("methods.opd.lr=inf", r"`methods\.opd\.lr` must be a finite number, got inf"),
+        ("train.eval.temperature=-inf", r"`train\.eval\.temperature` must be a finite number, got -inf"),
         ("~train.max_new_tokens", r"missing config key `train\.max_new_tokens`.*; add it to conf/ or pass"),
         ("~methods.opd.top_k", r"missing config key `methods\.opd\.top_k`"),
         ("methods.opd.lr=abc", r"`methods\.opd\.lr` must be a number, got 'abc'"),
@@ -84,6 +90,27 @@ def test_bad_config_fails_at_compose_naming_the_key(override, message):
 def test_model_and_tokenizer_sources_refuse_keys_that_would_do_nothing(profile, override, message):
     with pytest.raises(ConfigError, match=f"(?s){message}"):
         compose([f"profile={profile}", override], CONF)
+
+
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        ({"profle": "smoke"}, r"unknown `--config` key\(s\) \['profle'\].*did you mean \['profile'\]"),
+        ({"override": ["seeds=[0]"]}, r"unknown `--config` key\(s\) \['override'\].*did you mean \['overrides'\]"),
+        ({"overrides": {"seeds": 0}}, r"`--config overrides` must be a list of Hydra overrides"),
+        ({"overrides": [1]}, r"`--config overrides` must be a list of Hydra overrides"),
+    ],
+)
+def test_snakemake_config_keys_are_checked(config, message):
+    """The Snakefile's `--config` mapping: a key it does not read is an error, never silently the default profile."""
+    with pytest.raises(ConfigError, match=f"(?s){message}"):
+        workflow_overrides(config)
+
+
+def test_a_single_override_string_is_one_override_not_its_characters():
+    assert workflow_overrides({"profile": "smoke", "overrides": "methods.grpo.lr=1e-4"}) == ["profile=smoke", "methods.grpo.lr=1e-4"]
+    cfg = compose(workflow_overrides({"profile": "smoke", "overrides": "methods.grpo.lr=1e-4"}), CONF)
+    assert cfg["methods"]["grpo"]["lr"] == 1e-4
 
 
 def test_unwritable_results_dir_under_a_file_creates_nothing():
