@@ -112,7 +112,7 @@ def begin(run_dir: Path, attempt: int) -> int:
 
 
 def end(run_dir: Path, attempt: int, how: str, error: str | None = None) -> None:
-    """Record how attempt ``attempt`` ended: ``done``, ``interrupted``, ``nonfinite`` or ``crashed``."""
+    """Record how attempt ``attempt`` ended: ``done``, ``interrupted``, ``nonfinite``, ``refused`` or ``crashed``."""
     step = checkpoint_step(run_dir)
     _append(run_dir, {"attempt": attempt, "end": how, "step": step, **({"error": error[-500:]} if error else {})})
     print(f"== attempt {attempt}: {how} at checkpoint step {step}", file=sys.stderr, flush=True)

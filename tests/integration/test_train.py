@@ -216,28 +216,114 @@ def test_changed_config_starts_over(smoke_world, tmp_path):
     assert all(r["lr"] == 5e-5 for r in read_jsonl(run_dir / "ledger.jsonl"))
 
 
-def test_a_retrained_teacher_restarts_the_distillation(smoke_world, tmp_path, caplog):
-    """Same run config, but the teacher's run was redone: the old checkpoint must not be resumed."""
-    import logging
+def _distillation_with_own_teacher(plan, tmp_path):
     import shutil
 
-    _, plan = smoke_world
     cfg = _config(plan, "opd-teacher_m-math-s0", tmp_path, steps=2)
     teacher_dir = tmp_path / "teacher"
     shutil.copytree(Path(cfg["teachers"]["math"]["path"]).parent, teacher_dir)
     cfg["teachers"]["math"]["path"] = str(teacher_dir / "checkpoint")
+    return cfg, teacher_dir
+
+
+def test_a_retrained_teacher_restarts_the_distillation_and_a_rewritten_record_does_not(smoke_world, tmp_path, caplog):
+    """Same run config; the identity folds in the teacher's weights (the digest its done.json records), not the text
+    of that file: new weights start the run over, a done.json rewritten around the same weights resumes it."""
+    import logging
+
+    from safetensors.torch import load_file, save_file
+
+    from opdgrpo.train.finished import checkpoint_record
+
+    _, plan = smoke_world
+    cfg, teacher_dir = _distillation_with_own_teacher(plan, tmp_path)
     run_dir = tmp_path / "distil"
     train(cfg, run_dir)
     caplog.set_level(logging.INFO, logger="opdgrpo.train.loop")
-    caplog.clear()
-    train(cfg, run_dir)   # unchanged upstream: resumes at its last step
-    assert "resuming" in caplog.text and "starting over" not in caplog.text
     done = teacher_dir / "done.json"
-    done.write_text(done.read_text().replace('"wall_s"', '"retrained": true, "wall_s"'))
+    done.write_text(done.read_text().replace('"wall_s"', '"rewritten": true, "wall_s"'))
     caplog.clear()
-    train(cfg, run_dir)
+    train(cfg, run_dir)   # same weights: resumes at its last step
+    assert "resuming" in caplog.text and "starting over" not in caplog.text
+    weights = teacher_dir / "checkpoint" / "model.safetensors"
+    state = load_file(weights)
+    save_file({k: v + 1e-3 if v.is_floating_point() else v for k, v in state.items()}, weights, metadata={"format": "pt"})
+    record = json.loads(done.read_text())
+    done.write_text(json.dumps({**record, "checkpoint": checkpoint_record(teacher_dir / "checkpoint", hash_contents=True)}))
+    caplog.clear()
+    train(cfg, run_dir)   # retrained teacher: starts over
     assert "starting over" in caplog.text and "resuming" not in caplog.text
     assert [r["step"] for r in read_jsonl(run_dir / "ledger.jsonl")] == [0, 1]
+
+
+@pytest.mark.parametrize("damage,message", [
+    ("done_cut", r"teacher/done\.json: not valid JSON .*cut short or overwritten; redo that job with `snakemake --forcerun .*teacher/done\.json`"),
+    ("weights_cut", r"teacher/checkpoint/model\.safetensors: \d+ bytes, .*done\.json records \d+ \(truncated or replaced\)"),
+    ("weights_gone", r"teacher/checkpoint/model\.safetensors: missing, though .*done\.json records it"),
+])
+def test_a_broken_upstream_is_named_and_the_finished_run_below_it_is_kept(smoke_world, tmp_path, damage, message):
+    """A teacher whose done.json or weights were damaged after it finished: the distillation refuses at its start,
+    naming the file and how to redo it, and its own finished checkpoint, ledger, evaluations and done.json stay."""
+    from opdgrpo.train.finished import BrokenUpstream
+
+    _, plan = smoke_world
+    cfg, teacher_dir = _distillation_with_own_teacher(plan, tmp_path)
+    run_dir = tmp_path / "distil"
+    train(cfg, run_dir)
+    before = {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    done, weights = teacher_dir / "done.json", teacher_dir / "checkpoint" / "model.safetensors"
+    if damage == "done_cut":
+        done.write_text(done.read_text()[:40])
+    elif damage == "weights_cut":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    else:
+        weights.unlink()
+    with pytest.raises(BrokenUpstream, match=message):
+        train(cfg, run_dir)
+    after = {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert after == before and "done.json" in after and "checkpoint/model.safetensors" in after
+
+
+def test_a_checkpoint_whose_history_was_lost_is_not_resumed(smoke_world, tmp_path, caplog):
+    """A finished run whose evals.jsonl was deleted (and its done.json, so the job reruns): resuming at the final
+    checkpoint would leave a one-point curve with no step-0 evaluation; the run is redone instead, whole."""
+    import logging
+
+    _, plan = smoke_world
+    cfg = _config(plan, "grpo-student-math-s0", tmp_path, steps=2)
+    cfg["train"]["eval_every"] = 1
+    run_dir = tmp_path / "lost"
+    train(cfg, run_dir)
+    whole = [r["step"] for r in read_jsonl(run_dir / "evals.jsonl")]
+    (run_dir / "evals.jsonl").unlink()
+    (run_dir / "done.json").unlink()
+    caplog.set_level(logging.INFO, logger="opdgrpo.train.loop")
+    train(cfg, run_dir)
+    assert "history is incomplete (evals.jsonl lacks the evaluation(s) at step(s) 0, 1); starting over" in caplog.text
+    assert [r["step"] for r in read_jsonl(run_dir / "evals.jsonl")] == whole == [0, 1, 2]
+    assert [r["step"] for r in read_jsonl(run_dir / "ledger.jsonl")] == [0, 1]
+
+
+def test_a_resume_keeps_the_arithmetic_it_started_in(smoke_world, tmp_path):
+    """The resolved precision is in the checkpoint: a resume that would compute in another one refuses, naming the key
+    and the value that resumes it; that value then resumes (the setting itself is not the run's identity)."""
+    from opdgrpo.train.checkpoint import ResumeRefused
+
+    _, plan = smoke_world
+    cfg = _config(plan, "grpo-student-math-s0", tmp_path, steps=2)
+    cfg["train"]["precision"] = "fp32"
+    run_dir = tmp_path / "arith"
+    train(cfg, run_dir)
+    (run_dir / "done.json").unlink()
+    before = (run_dir / "ledger.jsonl").read_text()
+    cfg["train"]["precision"] = "bf16"
+    with pytest.raises(ResumeRefused, match=r"trained in fp32, and `train.precision: bf16` resolves to bf16 in this "
+                                            r"process; pass `train.precision=fp32` to resume it"):
+        train(cfg, run_dir)
+    assert (run_dir / "ledger.jsonl").read_text() == before and (run_dir / "checkpoint").is_dir()
+    cfg["train"]["precision"] = "fp32"
+    train(cfg, run_dir)
+    assert (run_dir / "ledger.jsonl").read_text() == before and (run_dir / "done.json").is_file()
 
 
 def test_difficulty_selection_then_training_on_one_subset(smoke_world, tmp_path):

@@ -120,6 +120,7 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path, collective_timeout_s: float |
     (:func:`opdgrpo.train.evaluation.evaluate`); the main process writes."""
     from opdgrpo.runio import rewrite_jsonl, write_json, write_yaml
     from opdgrpo.train import numerics
+    from opdgrpo.train.finished import checkpoint_record
     from opdgrpo.train.models import parameter_count
 
     started = time.time()
@@ -145,6 +146,8 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path, collective_timeout_s: float |
                "numerics": numerics.report()}
     if placement is not None:
         summary["engines"] = placement
+    # what downstream runs check and identify: the cache's content-addressed names, or a random model's settings
+    summary["checkpoint"] = checkpoint_record(checkpoint, hash_contents=False, settings=dict(model_cfg))
     write_json(out_dir / "done.json", summary)
     return summary
 

@@ -24,6 +24,7 @@ from opdgrpo.train import flops as flop_formulas
 from opdgrpo.train import numerics
 from opdgrpo.train.engines import checkpoint_engine
 from opdgrpo.train.evaluation import evaluate, heldout_for
+from opdgrpo.train.finished import checkpoint_record
 from opdgrpo.train.models import autocast, build_model, parameter_count
 from opdgrpo.train.peak import run_peak
 from opdgrpo.train.precision import resolve as resolve_precision
@@ -138,6 +139,7 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         "train_wall_s": round(loop_wall, 3), "achieved_flops_per_s": total_flops / loop_wall if loop_wall else None,
         "mfu": total_flops / loop_wall / peak["flops_per_s"] if loop_wall else None, "peak": {**peak, "processes": 1},
         "numerics": numerics.report(),   # the machine's fingerprint, which exact fast paths ran, the precision chosen
+        "checkpoint": checkpoint_record(out_dir / "checkpoint", hash_contents=True),   # what downstream runs check
     }
     write_json(out_dir / "done.json", summary)
     progress.event("done", {"steps": steps, "wall": clock(summary["wall_s"]), "loss": summary["final_loss"],

@@ -23,6 +23,7 @@ import torch
 
 from opdgrpo.job_identity import RUNTIME_KEYS
 from opdgrpo.train import faults
+from opdgrpo.train.finished import read_done, verify_finished
 
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "manifest.json"
@@ -44,25 +45,32 @@ NOT_IDENTITY_KEYS = RUNTIME_KEYS
 
 
 def upstream_fingerprint(cfg: dict[str, Any]) -> dict[str, str]:
-    """What identifies the checkpoints a run starts from and distils: their job's ``done.json``.
+    """What identifies the checkpoints a run starts from and distils: each one's digest, from its job's ``done.json``,
+    after checking that output is whole (:func:`opdgrpo.train.finished.verify_finished`, which raises naming the file).
 
     A rerun of an upstream job (a retrained teacher) leaves this run's config unchanged but its checkpoint
-    stale; folding the upstream summaries into the run's identity makes such a run start over.
+    stale; folding the upstream digests into the run's identity makes such a run start over. The digest is the
+    upstream's weights, not the text of its ``done.json``, so rewriting that file restarts nothing below it.
     """
     paths = {"student": cfg["student"]["path"], **{f"teacher:{d}": t["path"] for d, t in cfg.get("teachers", {}).items()}}
-    if cfg.get("train_subset"):
-        paths["subsets"] = cfg["train_subset"]["file"]
-    prints = {}
-    for role, path in paths.items():
-        done = Path(path).parent / "done.json"
-        prints[role] = done.read_text() if done.is_file() else str(path)
+    prints = {role: verify_finished(Path(path)) for role, path in paths.items()}
+    if cfg.get("train_subset"):   # the selection itself, once its job's record parses
+        subsets = Path(cfg["train_subset"]["file"])
+        read_done(subsets.parent / "done.json")
+        prints["subsets"] = _sha256(subsets)
     return prints
 
 
+class ResumeRefused(RuntimeError):
+    """A checkpoint of this very run that cannot be resumed as things are set now; the message names the key."""
+
+
 def run_identity(cfg: dict[str, Any]) -> str:
-    """The hash a checkpoint must carry to be resumed by this run: its config (less :data:`NOT_IDENTITY_KEYS`) and
-    its upstream checkpoints."""
-    hashed = {**cfg, "train": {k: v for k, v in cfg["train"].items() if k not in NOT_IDENTITY_KEYS}}
+    """The hash a checkpoint must carry to be resumed by this run: its config (less :data:`NOT_IDENTITY_KEYS` and
+    ``train.precision``) and its upstream checkpoints. The precision is left out because ``auto`` names no arithmetic:
+    the one the checkpoint was trained in is kept in its trainer state and compared with the one this process
+    resolved (:func:`check_precision`), so switching ``auto`` to the value it had chosen resumes the run."""
+    hashed = {**cfg, "train": {k: v for k, v in cfg["train"].items() if k not in NOT_IDENTITY_KEYS and k != "precision"}}
     return config_hash({"config": hashed, "upstream": upstream_fingerprint(cfg)})
 
 
@@ -183,6 +191,39 @@ def resume_point(run_dir: Path) -> tuple[Path | None, dict[str, Any] | None]:
     if bad:
         log.warning("%s: no valid checkpoint (%s); the run starts over", run_dir, ", ".join(p.name for p in bad))
     return None, None
+
+
+def check_precision(state: dict[str, Any], resolved: str, configured: str, run_id: str, run_dir: Path) -> None:
+    """:class:`ResumeRefused` unless the checkpoint was trained in the arithmetic this process resolved: a run that
+    changed from float32 to bf16 halfway (``precision: auto`` measured again on a loaded machine) is neither run's
+    curve. A checkpoint from before the precision was recorded is resumed as it is."""
+    trained = state.get("precision")
+    if trained is None or trained == resolved:
+        return
+    raise ResumeRefused(
+        f"run {run_id}: its checkpoint at step {state.get('step')} was trained in {trained}, and `train.precision: "
+        f"{configured}` resolves to {resolved} in this process; pass `train.precision={trained}` to resume it in the "
+        f"arithmetic it started in, or delete {run_dir} to redo the run in {resolved}")
+
+
+def history_gaps(run_dir: Path, start: int, eval_every: int) -> str | None:
+    """What is missing from a run's history before its resume point ``start``, or None when it is whole: one ledger
+    line per step and one evaluation per scheduled step (0, ``eval_every``, ...). A checkpoint whose history was lost
+    (an ``evals.jsonl`` deleted by hand, a copy that left it out) would otherwise be resumed into a curve with no
+    step-0 evaluation, which every gain is measured from; such a run is redone instead."""
+    from opdgrpo.runio import read_jsonl
+
+    steps = {r.get("step") for r in read_jsonl(run_dir / "ledger.jsonl")}
+    evals = {r.get("step") for r in read_jsonl(run_dir / "evals.jsonl")}
+    no_line = [s for s in range(start) if s not in steps]
+    no_eval = [s for s in range(0, start, eval_every) if s not in evals]
+    parts = ([f"ledger.jsonl lacks step(s) {_listed(no_line)}"] if no_line else []) + (
+        [f"evals.jsonl lacks the evaluation(s) at step(s) {_listed(no_eval)}"] if no_eval else [])
+    return "; ".join(parts) or None
+
+
+def _listed(steps: list[int]) -> str:
+    return ", ".join(map(str, steps[:5])) + (f" and {len(steps) - 5} more" if len(steps) > 5 else "")
 
 
 def restore_rng(state: dict[str, Any]) -> None:

@@ -43,9 +43,10 @@ from opdgrpo.tracking import Tracker
 from opdgrpo.train import faults, numerics
 from opdgrpo.train import flops as flop_formulas
 from opdgrpo.train.batching import batch_tasks, domain_counts, eval_seed, rollout_seed, shard_bounds
-from opdgrpo.train.checkpoint import clear_run, restore_rng, resume_point, run_identity, save_checkpoint
+from opdgrpo.train.checkpoint import check_precision, clear_run, history_gaps, restore_rng, resume_point, run_identity, save_checkpoint
 from opdgrpo.train.distributed import Workers
 from opdgrpo.train.evaluation import evaluate, heldout_for
+from opdgrpo.train.finished import checkpoint_record
 from opdgrpo.train.inference import FrozenForward
 from opdgrpo.train.logit_chunks import reduced_forward
 from opdgrpo.train.losses import aggregation_count
@@ -508,7 +509,8 @@ def _checkpoint(run: Run, done_steps: int) -> None:
     optimizer_state = workers.optimizer_state(run.model, run.optimizer)
     if run.main:
         save_checkpoint(run.run_dir, workers.unwrap(run.model), run.tokenizer, run.optimizer, done_steps, run.cumulative,
-                        run.identity, state_dict=state_dict, optimizer_state=optimizer_state, nonfinite_streak=run.streak)
+                        run.identity, state_dict=state_dict, optimizer_state=optimizer_state, nonfinite_streak=run.streak,
+                        precision=run.precision)
         run.progress.event("checkpoint", {"step": done_steps, "seconds": round(time.time() - t0, 1)})
     workers.barrier()
 
@@ -551,6 +553,8 @@ def _finish(run: Run, final: dict[str, Any], started: float) -> dict[str, Any]:
         summary = {**summary, "flops_by_component": totals, **mfu_summary(ledger, run.peak, run.workers.world)}
         if run.subset:
             summary["train_subset"] = run.subset
+        # the final checkpoint as downstream runs will check and identify it (opdgrpo.train.finished)
+        summary["checkpoint"] = checkpoint_record(run.run_dir / "checkpoint", hash_contents=False)
         write_json(run.run_dir / "done.json", summary)
         run.progress.event("done", {"steps": run.shape.steps, "wall": clock(summary["wall_s"]),
                                     "flops": run.cumulative, "mfu": summary.get("mfu")})
@@ -577,7 +581,9 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
     subset = restrict_to_subset(pools, heldout, cfg["train_subset"]) if cfg.get("train_subset") else None
     counts = domain_counts(pools, shape.prompts_per_step, shape.mix)
 
-    identity, checkpoint, state = _resume_point(cfg, run_dir, workers)
+    identity, checkpoint, state = _resume_point(cfg, run_dir, workers, shape.eval_every)
+    if state:
+        check_precision(state, precision, shape.precision, cfg["run_id"], run_dir)
     param_dtype = getattr(torch, str(shared.get("param_dtype", "float32")))
     attention = str(shared.get("attn_implementation", "eager"))
     student = load_model(checkpoint if state else cfg["student"]["path"], dtype=param_dtype,
@@ -586,6 +592,8 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
         enable_activation_checkpointing(student)
     objective = build_objective(cfg["method"], _teachers(cfg, workers, attention), precision,
                                 temperature=float(shared["temperature"]), chunk_tokens=shape.logit_chunk_tokens)
+    if state is None:
+        _clear_stale(run_dir, workers)
     method = cfg["method"]
     # The denominator of MFU, measured once per process before any step (never inside a step's wall time).
     peak = run_peak(precision, param_dtype, workers.device)
@@ -640,8 +648,12 @@ def _close_engine(run: Run) -> None:
     shutil.rmtree(run.run_dir / ".engine", ignore_errors=True)
 
 
-def _resume_point(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> tuple[str, Path | None, dict | None]:
-    """This run's identity and the checkpoint to resume from, if one of this run exists (else a clean run dir)."""
+def _resume_point(cfg: dict[str, Any], run_dir: Path, workers: Workers,
+                  eval_every: int) -> tuple[str, Path | None, dict | None]:  # fmt: skip
+    """This run's identity and the checkpoint to resume from, if one of this run exists and its history up to it is
+    whole (:func:`opdgrpo.train.checkpoint.history_gaps`). The identity checks every upstream output first
+    (:func:`opdgrpo.train.finished.verify_finished`): a broken one stops the job here, before anything of this run is
+    touched. A checkpoint not resumed is cleared later, by :func:`_clear_stale`, once the new inputs have loaded."""
     run_dir.mkdir(parents=True, exist_ok=True)
     identity = run_identity(cfg)
     checkpoint, state = resume_point(run_dir)
@@ -649,10 +661,22 @@ def _resume_point(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> tuple
         if workers.is_main:
             log.warning("%s: config or upstream checkpoints changed since the last checkpoint; starting over", cfg["run_id"])
         state = None
-    workers.barrier()  # every process has read the checkpoint before the main one may clear it
-    if state is None and workers.is_main:
-        clear_run(run_dir)
+    gaps = history_gaps(run_dir, int(state["step"]), eval_every) if state else None
+    if gaps:
+        if workers.is_main:
+            log.warning("%s: the checkpoint at step %s is not resumed, its history is incomplete (%s); starting over",
+                        cfg["run_id"], state["step"], gaps)
+        state = None
     return identity, checkpoint, state
+
+
+def _clear_stale(run_dir: Path, workers: Workers) -> None:
+    """A run that starts over drops what a previous, different run left, only after its own student and teachers
+    loaded: a load that fails (a file the size check cannot catch) then leaves the finished work where it was."""
+    workers.barrier()  # every process has read the checkpoint before the main one may clear it
+    if workers.is_main:
+        clear_run(run_dir)
+    workers.barrier()
 
 
 def _teachers(cfg: dict[str, Any], workers: Workers, attention: str) -> dict[str, torch.nn.Module]:
