@@ -88,8 +88,8 @@ _FINAL = re.compile(r"(?:^|(?<=[^A-Za-z0-9]))" + _LETTER + r"[\s.)\]*_:!]*\Z")
 _QUANTITY = re.compile(r"\d[\d,.]*\s*\Z")
 # What may stand before a bare final letter that has no closing mark after it: a line start (or a bullet), a colon,
 # or a concluding word ("so D"). After any other word the text was more likely cut off ("... moles of H").
-_BARE_END_OK = re.compile(r"(?:(?:\A|\n)[ \t]*(?:[-*+•]|\d+[.)])?|[:：]|(?i:\b(?:so|thus|therefore|hence|is|be|answer)\b))"
-                          r"[\s*_]*\Z")
+_BARE_END_OK = re.compile(r"(?:(?:\A|\n)[ \t]*(?:[-*+•]|\d+[.)])?|[:：]"
+                          r"|(?i:\b(?:so|thus|therefore|hence|is|be|answer)\b))[\s*_]*\Z")
 # A line that is one option letter and nothing else (a bullet or number, markdown, closing punctuation).
 _LONE_LINE = re.compile(r"^[ \t]*(?:[-*+•]|\d+[.)])?[ \t]*[*_]*[ \t]*(?:\(\s*(?P<p>[A-Za-z])\s*\)|(?P<b>[A-Z]))"
                         r"[ \t]*[*_]*[.:)]?[*_]*[ \t]*$", re.MULTILINE)
