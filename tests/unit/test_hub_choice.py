@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
     # several candidates: the last explicit statement wins, and statements beat a trailing letter
     ("The answer is (A). Wait, that ignores friction. The answer is (C).", 4, "C"),
     ("Answer: B\nOn reflection the answer is (D)", 4, "D"),
-    ("The answer is (B), not C", 4, "B"),
+    ("The answer is (B), not C", 4, None),   # a statement naming a second option commits to none
     ("\\boxed{A} ... the answer is (B)", 4, "B"),
     ("Answer: Let's think step by step. ... The answer is (D)", 10, "D"),
     # letters beyond the option count are not options: ignored

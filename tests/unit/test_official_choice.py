@@ -22,8 +22,9 @@ DEPARTURES = {
     "lowercase in parentheses": "(b) is read as B; MMLU-Pro's patterns are capital-only",
     "outside the options": "a letter beyond the question's options is not an answer (MMLU-Pro accepts A-J always)",
     "a word, not an option": "the pronoun I or the article A is not read as an option letter",
-    "several options": "a letter listed with another (B or C; A, B and D) is a hedge, not an answer",
-    "negated": "'not B' does not choose B",
+    "several options": "a statement whose sentence names another option (B or C; A, B and D; C, not D) is not one "
+                       "committed answer",
+    "negated": "a letter after a negation or hedge in its clause ('not B', 'isn't C', 'except A') is not chosen",
     "a unit, not an option": "a capital right after a number is a unit or symbol (2 A, 41,800 J), not an option",
     "no stated answer": "a letter that neither is stated as the answer nor ends the text is not read",
 }
@@ -43,7 +44,7 @@ CASES = [
     agree("After checking the units, the answer is (C).", 10, "C"),
     agree("so the answer is D", 10, "D"),
     agree("Thus the answer is (J)", 10, "J"),
-    agree("The answer is C, not D.", 4, "C"),
+    departs("The answer is C, not D.", 4, "C", None, "several options"),   # one rule: a second option voids it
     agree("ANSWER IS NOT GIVEN, BUT THE BEST FIT IS (B)", 4, "B"),   # capitals: only the final lone letter reads
     agree("The answer is a sum of two forces.", 4, None),
     departs("The answer is (B). Wait, I misread the table. The answer is (D).", 10, "B", "D", "last statement wins"),

@@ -24,7 +24,8 @@ extension (see :mod:`opdgrpo.verifiers.ifeval`). ``validate_repeat_prompt``'s gr
 instruction sentence included, while the instruction says "the request you need to repeat does not include this
 sentence"; we drop that sentence (the row's ``constraint`` text) from the text to repeat, as the prompt asks.
 
-Reward: IFEval's prompt-level accuracy of the response after the thinking block, strict by default
+Reward: IFEval's prompt-level accuracy of the response after the thinking block (none, scoring 0, when the
+completion is cut off inside it), strict by default
 (``reward: strict|loose``). :meth:`HubIFEvalDomain.extra_metrics` gives all four IFEval accuracies.
 """
 
@@ -34,7 +35,7 @@ import json
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
-from ..verifiers import THINK_END, final_answer_text, ifeval
+from ..verifiers import THINK_END, answer_after_thinking, ifeval
 from .base import Task
 from .hub import HubDomain
 
@@ -81,8 +82,12 @@ RLVR_UNVERIFIED = {
 
 def response_text(completion: str) -> str:
     """What the checkers read: the text after the thinking block, without the whitespace the chat template puts
-    after ``</think>``; a completion without a thinking block is scored as written (as IFEval does)."""
-    answer = final_answer_text(completion)
+    after ``</think>``; a completion without a thinking block is scored as written (as IFEval does). A completion cut
+    off inside its thinking block has no response: the empty text, which follows no instruction (so it scores 0, as
+    in the math, code and multiple-choice domains, instead of having its reasoning checked as the response)."""
+    answer = answer_after_thinking(completion)
+    if answer is None:
+        return ""
     return answer.lstrip() if THINK_END in completion else answer
 
 

@@ -16,7 +16,16 @@ of golds and the thinking-block rule are ours:
 - mixed numbers in plain text (``4 4/9``, ``-2 1/2``) are rewritten as improper fractions (``40/9``) before parsing:
   math-verify 0.9.0 reads ``The answer is 4 4/9.`` as 4 (scoring 1 against gold 4), ``2 1/2`` as 1 and ``12 3/4``
   as 3, which its newer releases' own mixed-number tests reject. Under RL that would pay a policy for appending a
-  fraction to the right integer (issue 26; tests/unit/test_official_math.py pins the cases);
+  fraction to the right integer (tests/unit/test_official_math.py pins the cases). The rewrite takes the whole
+  class of spellings, not one: any gap between the whole part and the fraction (any Unicode space such as no-break
+  or thin spaces, a line break, zero-width characters, LaTeX's ``~``, ``\\,``, ``\\;``, ``\\ ``, ``\\quad`` and
+  ``\\hspace{..}``, or the word "and"), any fraction slash (``/``, U+2044 ``⁄``, U+2215 ``∕``, fullwidth ``／``),
+  super- and subscript digits (``4 ⁴⁄₉``) and the vulgar fraction characters (``4½``);
+- a plain-text hedge between two numbers where math-verify would read one of them (no ``\\boxed`` in the answer,
+  and the hedge in a sentence that states the answer or in the last line: ``The answer is 4 or 5``, ``4, or maybe
+  5``) is no answer. math-verify takes the number after "answer is" (4) or the last number (5), so either way it
+  would pay a list of candidates; boxed or ``$..$`` alternatives it already reads as a set, which equals no single
+  gold;
 - math-verify bounds each parse and comparison with ``signal.alarm``, which only works in a process's main thread.
   :class:`MathVerifier` therefore scores in worker processes, or with ``workers: 0`` in the caller's main thread.
 
@@ -41,14 +50,14 @@ import sys
 import tempfile
 import threading
 import time
+import unicodedata
 from collections import deque
 from typing import Callable, Sequence
 
-from . import final_answer_text
+from . import answer_after_thinking
 
 log = logging.getLogger(__name__)
 
-THINK_START = "<think>"
 STARTUP_S = 120.0      # how long a new worker may take to import sympy and math-verify (slow on a busy node)
 CHUNK_SLACK_S = 10.0   # per-chunk allowance for pipes and scheduling on top of the alarm budget
 
@@ -71,26 +80,68 @@ def parse_gold(gold: str, timeout_s: float = 5.0) -> list:
     return parse(f"${text}$", parsing_timeout=alarm) or parse(text, parsing_timeout=alarm)
 
 
-#: A mixed number in plain text: a whole part, spaces, a fraction, standing alone (not part of a date, a ratio or a
-#: longer number: ``1/2/3``, ``3.5 1/2`` and ``2 1/2/3`` are left as written).
-_MIXED = re.compile(r"(?<![\d/.])(-?)(\d+)[ \t]+(\d+)/(\d+)(?![\d/.]\d)")
+# What may stand between the whole part and the fraction of a mixed number: any Unicode whitespace (``\s``: the
+# no-break, thin and narrow spaces, line breaks), zero-width and invisible characters (U+2064 is "invisible plus",
+# meant for mixed numbers), LaTeX's spaces (``~``, ``\,``, ``\;``, ``\:``, ``\>``, ``\ ``, ``\quad``,
+# ``\thinspace``, ``\hspace{1em}``) and the word "and" ("4 and 4/9").
+_GAP = (r"(?:[\s~\u200b-\u200d\u2060-\u2064\ufeff]|\\[,;:> ]|\\(?:q?quad|[a-z]*space)(?![A-Za-z])"
+        r"|\\hspace\*?\{[^{}]*\}|(?<=\s)and(?=\s))+")
+# Digits of the fraction: ASCII and other decimal digits, and super- and subscript digits (``⁴⁄₉``).
+_DIGITS = r"[\d\u00b2\u00b3\u00b9\u2070\u2074-\u2079\u2080-\u2089]+"
+_SLASH = r"[/\u2044\u2215\uff0f]"   # solidus, fraction slash, division slash, fullwidth solidus
+#: A mixed number: a whole part, a gap, a fraction, standing alone (not part of a date, a ratio or a longer number:
+#: ``1/2/3``, ``3.5 1/2`` and ``2 1/2/3`` are left as written).
+_MIXED = re.compile(r"(?<![\d/.])([-\u2212]?)(\d+)" + _GAP + f"({_DIGITS}){_SLASH}({_DIGITS})"
+                    + r"(?![\d/.\u2044\u2215]\d)")
+# A vulgar fraction character (``½``, ``⅞``), with the whole number it may follow (``4½``).
+_VULGAR = re.compile(r"(\d?)([\u00bc-\u00be\u2150-\u215e\u2189])")
+_NUMBER = r"(?<![\w.])[-\u2212]?\d+(?:[.,]\d+)*(?:/\d+)?"
+# A hedge between two numbers: "4 or 5", "4, or maybe 5", "either 4 or 5", "4 and/or 5", "4 vs 5", "4, possibly 5".
+_HEDGE = re.compile(_NUMBER + r"\s*,?\s*(?:(?:or|and/or|nor|vs\.?|versus)(?:\s+(?:maybe|possibly|perhaps|probably))?"
+                    r"|maybe|possibly|perhaps)\s+\$?\s*[-\u2212]?\d", re.IGNORECASE)
+_ANSWER_SENTENCE = re.compile(r"(?i:\banswer\b)[^.\n]*\Z")
+
+
+def _fraction_text(digits: str) -> int:
+    return int(unicodedata.normalize("NFKC", digits))
 
 
 def improper_fractions(text: str) -> str:
-    """``4 4/9`` -> ``40/9``, ``-2 1/2`` -> ``-5/2``: the value a reader gives a mixed number, which math-verify 0.9.0
-    does not (it reads ``4 4/9`` as 4)."""
+    """``4 4/9`` -> ``40/9``, ``-2 1/2`` -> ``-5/2``, ``4½`` -> ``9/2``: the value a reader gives a mixed number,
+    which math-verify 0.9.0 does not (it reads ``4 4/9`` as 4), under any spacing, slash or digit form (_GAP)."""
+    def vulgar(m: re.Match) -> str:
+        fraction = unicodedata.normalize("NFKC", m.group(2)).replace("\u2044", "/")
+        return f"{m.group(1)} {fraction}" if m.group(1) else fraction
+
     def whole(m: re.Match) -> str:
-        sign, w, n, d = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
+        sign = "-" if m.group(1) else ""
+        w, n, d = int(m.group(2)), _fraction_text(m.group(3)), _fraction_text(m.group(4))
         return f"{sign}{w * d + n}/{d}" if d else m.group(0)
-    return _MIXED.sub(whole, text)
+    return _MIXED.sub(whole, _VULGAR.sub(vulgar, text))
+
+
+def hedged(text: str) -> bool:
+    """Whether a plain-text answer names two numbers as alternatives ("The answer is 4 or 5"): math-verify would
+    read one of them, which pays a list of candidates. Only where math-verify reads plain text (no ``\\boxed``), and
+    only in a sentence that states the answer or in the last line, so reasoning that weighs "3 or 4 cases" before a
+    stated result is still read."""
+    if "\\boxed" in text:
+        return False
+    for m in _HEDGE.finditer(text):
+        before = text[: m.start()]
+        last_line = "\n" not in text[m.start():].strip()
+        if last_line or _ANSWER_SENTENCE.search(before):
+            return True
+    return False
 
 
 def answer_text(completion: str) -> str | None:
-    """The part of a completion that holds its answer; None when the model never finished thinking."""
-    cut = completion.rfind("</think>")
-    if cut < 0 and THINK_START in completion:
+    """The part of a completion that holds its answer; None when the model never finished thinking or hedged."""
+    text = answer_after_thinking(completion)
+    if text is None:
         return None
-    return improper_fractions(final_answer_text(completion))
+    text = improper_fractions(text)
+    return None if hedged(text) else text
 
 
 def verify_parsed(gold_parsed: list, completion: str, timeout_s: float = 5.0) -> bool:
