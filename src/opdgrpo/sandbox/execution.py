@@ -5,7 +5,7 @@ sandboxed interpreter per completion (~20 ms each) would dominate the step. So :
 
 1. deduplicates identical checks (a GRPO group often repeats a completion);
 2. runs ONE harness program per batch through :func:`opdgrpo.sandbox.isolation.run_python`, with the items
-   embedded as a JSON literal. The harness forks a fresh process per item (so items cannot see or
+   as JSON on its stdin. The harness forks a fresh process per item (so items cannot see or
    corrupt each other's globals), in its own process group and with stdio on ``/dev/null``. Each test
    call (and the module's own top-level code) runs under a ``setitimer`` alarm; the harness also
    enforces a per-item deadline and SIGKILLs a stuck item. Results come back through a pipe and the
@@ -22,12 +22,17 @@ sandboxed interpreter per completion (~20 ms each) would dominate the step. So :
    runs the rest as a new batch. So a program that kills or floods its harness costs its batch-mates
    nothing but a restart, and is scored on its own.
 
-The expected values never enter the sandbox: the harness returns what each call returned (as JSON)
-and the comparison ``result == expected`` happens here, after a JSON round trip of both sides (so
-tuples equal lists, ``3 == 3.0`` and ``True == 1`` as in Python, and a result that is not
+The expected values never enter the sandbox, nor anything derived from them: the harness returns what each
+call returned (as JSON) and the comparison ``result == expected`` happens here, after a JSON round trip of
+both sides (so tuples equal lists, ``3 == 3.0`` and ``True == 1`` as in Python, and a result that is not
 JSON-serialisable fails). A program therefore cannot pass by printing a fake verdict or by returning
-an object whose ``__eq__`` always says yes. Test arguments reach the function as JSON values (lists,
-not tuples). Only the standard library is importable in the sandbox.
+an object whose ``__eq__`` always says yes. The harness's size limits are constants (:data:`VALUE_CAP_BYTES`,
+:data:`ITEM_CAP_BYTES`): a limit computed from the expected result (say, a few times its length) would sit
+in the harness's frames, where a program can read it and answer a yes/no question by its size. The host's
+own limit on a batch's output is computed from the expected results, but it only ever ends a run. The items
+travel on the harness's stdin (not in its script, a file the program can read), and an item's process drops
+the other items before its program runs. Test arguments reach the function as JSON values (lists, not
+tuples). Only the standard library is importable in the sandbox.
 
 Outcome statuses (one word): ``"ok"`` (every test ran; some may still be wrong), ``"syntax"``
 (does not compile; passed 0), ``"runtime"`` (a test raised, the module's own code raised, the function
@@ -57,6 +62,11 @@ _SEVERITY = {"ok": 0, "runtime": 1, "memory": 2, "timeout": 3}
 _ITEM_SLACK_S = 0.5  # per item, on top of one time limit per test plus one for the module's own code
 _STARTUP_S = 3.0  # sandbox start-up allowance for a run of one item
 _REMEMBERED = ("ok", "syntax", "runtime")  # outcomes the program decides alone, never the machine's load
+#: Most bytes of one returned value's JSON the harness sends back (longer: the test fails). A constant, never
+#: derived from the expected value: what the sandbox sees must say nothing about the answer.
+VALUE_CAP_BYTES = 4 << 20
+#: Most bytes one item's process may send the harness in all (more: the item is a protocol breach, passed 0).
+ITEM_CAP_BYTES = 16 << 20
 _MEMO_SIZE = 65536  # outcomes kept per process (least recently used dropped): a few MB at most
 _memo: "OrderedDict[tuple, CheckOutcome]" = OrderedDict()
 
@@ -92,7 +102,8 @@ class CheckOutcome:
 class _Item:
     check: ProgramCheck
     expected: tuple[Any, ...]  # JSON round-tripped
-    payload: dict[str, Any]  # what the harness gets: no expected values
+    payload: dict[str, Any]  # what the harness gets: nothing derived from the expected values
+    output_budget: int  # bytes of the harness's record this item may take; host side only
 
 
 def check_programs(
@@ -166,10 +177,11 @@ def _item(check: ProgramCheck) -> _Item:
         raise ValueError(
             f"tests of {check.func_name!r} must be ((args_tuple, expected), ...) of JSON values: {exc}"
         ) from exc
-    # A result much longer than the expected one cannot equal it; cap it so replies stay small.
-    caps = [4 * len(text) + 256 for text in expected_text]
-    payload = {"source": check.source, "func": check.func_name, "args": args, "caps": caps}
-    return _Item(check, tuple(json.loads(t) for t in expected_text), payload)
+    # A result much longer than the expected one cannot equal it: the host stops reading a harness whose items
+    # replied far more than that (the run ends, its items are rerun, the culprit alone). Never sent to the sandbox.
+    budget = sum(4 * len(text) + 256 + 64 for text in expected_text) + 256
+    payload = {"source": check.source, "func": check.func_name, "args": args}
+    return _Item(check, tuple(json.loads(t) for t in expected_text), payload, budget)
 
 
 def _score_all(
@@ -202,13 +214,13 @@ def _item_budget(item: _Item, per_test_s: float) -> float:
 
 
 def _run_harness(batch: list[_Item], per_test_s: float, timeout_s: float, memory_mb: int) -> SandboxResult:
-    payload = json.dumps({"timeout": per_test_s, "slack": _ITEM_SLACK_S, "items": [it.payload for it in batch]})
-    source = f"{_HARNESS}\nmain(json.loads({payload!r}))\n"
-    cap = 4096 + sum(sum(it.payload["caps"]) + 64 * (len(it.expected) + 4) for it in batch)
+    payload = json.dumps({"timeout": per_test_s, "slack": _ITEM_SLACK_S, "value_cap": VALUE_CAP_BYTES,
+                          "item_cap": ITEM_CAP_BYTES, "items": [it.payload for it in batch]})  # fmt: skip
+    cap = 4096 + sum(it.output_budget for it in batch)
     # The harness prints a line per item as it finishes: a longer silence means it is stuck (an item
     # SIGSTOPped it, say), so the batch ends then instead of at its full timeout.
     idle = max(_item_budget(it, per_test_s) for it in batch) + _STARTUP_S
-    return run_python(source, timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=cap,
+    return run_python(_HARNESS, stdin=payload, timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=cap,
                       cpu_s=timeout_s + 1, idle_timeout_s=idle)  # fmt: skip
 
 

@@ -5,7 +5,7 @@ test's input on standard input and compare what it prints. :func:`run_stdio_prog
 interpreter (:func:`opdgrpo.sandbox.isolation.run_python`) per program, so a program that kills or floods its own
 run costs nobody else anything. Inside it a small harness (the program run in the sandbox):
 
-1. reads its payload (the program, the test inputs, the per-test output caps) from its standard input;
+1. reads its payload (the program, the test inputs, one constant output cap) from its standard input;
 2. runs the optional prelude (common imports) and compiles the program once;
 3. per test, writes the input to a file in the sandbox's work directory and forks a fresh child (its own
    process group) whose stdin is that file, whose stdout is a pipe to the harness and whose stderr is
@@ -17,10 +17,15 @@ run costs nobody else anything. Inside it a small harness (the program run in th
    test that did not end normally (time limit, exception, memory, output cap): with an all-tests-pass
    reward, the rest cannot change the verdict.
 
-Expected outputs never enter the sandbox: the harness returns what each run printed, and the caller
-compares it (:func:`opdgrpo.verifiers.code.outputs_match`). A program therefore cannot pass by finding
-the answers in the harness's memory. Each test runs in a fresh process forked from the harness, like a
-judge that starts the program once per test, but without paying the interpreter start-up per test.
+Expected outputs never enter the sandbox, nor anything derived from them: the harness returns what each run
+printed, and the caller compares it (:func:`opdgrpo.verifiers.code.outputs_match`). A program therefore cannot
+pass by finding the answers in the harness's memory. In particular the harness's output cap is the constant
+:data:`OUTPUT_CAP_BYTES`: a cap computed from the expected output (say, twice its length) would sit in the
+harness's frames, where a program can read it and print "Yes" or "No" by its size. The per-test caps of a
+:class:`StdioRun` (which callers derive from the expected outputs) are enforced here, on the host, after the run.
+
+Each test runs in a fresh process forked from the harness, like a judge that starts the program once per test, but
+without paying the interpreter start-up per test.
 
 A program that calls ``exit()``/``sys.exit()`` (any code) is treated as having finished normally, as
 LiveCodeBench's grader does; an uncaught exception is a runtime error. After the program's top-level code
@@ -44,12 +49,16 @@ __all__ = ["StdioRun", "StdioOutcome", "run_stdio_programs"]
 _STARTUP_S = 3.0  # sandbox start-up and payload parsing, on top of the per-test limits
 _PER_TEST_SLACK_S = 0.5  # fork, file write and pipe reads around each test's own limit
 _STOP_STATUSES = ("timeout", "runtime", "memory", "output")
+#: Most bytes of standard output the harness keeps per test (more: the run stops, ``"output"``). A constant, never
+#: derived from the expected output: what the sandbox sees must say nothing about the answer.
+OUTPUT_CAP_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
 class StdioRun:
-    """One program and the inputs of its tests; ``output_caps[i]`` bytes of stdout are kept for test ``i``
-    (more stops the run with status ``"output"``)."""
+    """One program and the inputs of its tests; a test that printed more than ``output_caps[i]`` bytes ends the run
+    with status ``"output"``. The caps are checked on the host and never reach the sandbox (they may be derived
+    from the expected outputs); the sandbox itself stops a test at :data:`OUTPUT_CAP_BYTES`."""
 
     source: str
     inputs: tuple[str, ...]
@@ -118,18 +127,27 @@ def _run_one(run: StdioRun, limit: float, memory_mb: int, prelude: str) -> Stdio
     if not run.inputs:
         return StdioOutcome("ok", ())
     payload = json.dumps({"source": run.source, "prelude": prelude, "inputs": list(run.inputs),
-                          "caps": list(run.output_caps), "timeout": limit})  # fmt: skip
+                          "cap": OUTPUT_CAP_BYTES, "timeout": limit})  # fmt: skip
     n = len(run.inputs)
     timeout = n * (limit + _PER_TEST_SLACK_S) + _STARTUP_S
-    # JSON escaping can grow text up to 6x (\uXXXX); plus each record's own framing
-    cap = sum(6 * c + 64 for c in run.output_caps) + 4096
+    # Host side only: JSON escaping can grow text up to 6x (\uXXXX); plus each record's own framing. Going over
+    # ends the run, which the program cannot tell from its inside.
+    cap = sum(6 * min(c, OUTPUT_CAP_BYTES) + 64 for c in run.output_caps) + 4096
     largest_input = max(len(text.encode("utf-8", "replace")) for text in run.inputs)
     result = run_python(
         _HARNESS, stdin=payload, timeout_s=timeout, memory_mb=memory_mb, max_output_bytes=cap,
         cpu_s=timeout + 1, file_mb=max(16, largest_input // (1 << 20) + 2),
         idle_timeout_s=limit + _PER_TEST_SLACK_S + _STARTUP_S,
     )  # fmt: skip
-    return _parse(result.stdout, n, result.status)
+    return _within_caps(_parse(result.stdout, n, result.status), run.output_caps)
+
+
+def _within_caps(outcome: StdioOutcome, caps: Sequence[int]) -> StdioOutcome:
+    """The outcome cut at the first test whose output is longer than its cap (status ``"output"``)."""
+    for k, (text, cap) in enumerate(zip(outcome.outputs, caps)):
+        if len(text.encode("utf-8", "replace")) > cap:
+            return StdioOutcome("output", outcome.outputs[:k])
+    return outcome
 
 
 def _parse(stdout: str, n: int, run_status: str) -> StdioOutcome:

@@ -29,8 +29,10 @@ here on top of the project's sandbox:
   so a list of tuples fails there although its own comment means not to penalise tuples.
 * **Reward.** 1.0 only when every test passes (pass@1 as LiveCodeBench counts it), else 0.0.
 
-Expected outputs never enter the sandbox: the sandboxed process reports what the program printed or
-returned, and the comparison happens here.
+Expected outputs never enter the sandbox, nor anything derived from them (a length, a cap, a hash): the sandboxed
+process reports what the program printed or returned, and the comparison happens here. An output cap computed from
+the expected text and sent to the harness let a program read it from the harness's frames and answer a yes/no
+problem by its size; the sandbox's caps are constants, and the length-derived cap of a stdin test is applied here.
 """
 
 from __future__ import annotations
@@ -270,6 +272,9 @@ def outputs_match(got: str, expected: str) -> bool:
 # as JSON: JSON would turn a dict key 1 into "1" and a NaN into NaN, which then compare equal to the expected JSON
 # where LiveCodeBench's ``prediction == expected`` does not. Such a value is replaced by one JSON cannot encode,
 # which the harness reports as a wrong answer. Builtins come from the builtins module, not the program's globals.
+# It runs in the program's own process, so a program can switch it off (rebind the name, patch ``builtins``); that
+# lets through only a value whose JSON equals the expected one (int keys for str keys), never a wrong answer: the
+# comparison with the expected value happens on the host.
 _VALUE_CHECK = """
 def __opdgrpo_lcb_value__(value):
     import builtins as b
@@ -345,6 +350,8 @@ def _check_stdin(jobs, config: VerifierConfig) -> list[CodeResult]:
     runs = []
     for _, program, answer in jobs:
         expected = [t["output"] for t in answer["tests"]]
+        # Checked on the host after the run (opdgrpo.sandbox.stdio), never sent to the sandbox: a program must not
+        # learn the expected output's length.
         caps = tuple(2 * len(e.encode("utf-8", "replace")) + 4096 for e in expected)
         runs.append(StdioRun(program, tuple(t["input"] for t in answer["tests"]), caps))
     outcomes = run_stdio_programs(runs, config.per_test_timeout_s, config.memory_mb,

@@ -1,10 +1,16 @@
-"""The code domain's harness (opdgrpo.sandbox.execution): forks a fresh process per item (program + tests), runs the module
-and each test call under a ``setitimer`` alarm, and prints one JSON line per item as it finishes. The host appends
-``main(<payload>)``. The child's protocol, one JSON line each: ["c"] compiled and found the function, ["s"] syntax
-error, ["x", exc] module code raised, ["t"] module code timed out, ["n"] no such function; then per test ["v", value],
-["e", exc], ["t"] (and stop), ["u"] not JSON-serialisable, ["b"] longer than the cap; finally ["d"]. The parent
-re-encodes what it parsed, so nothing the child writes reaches stdout verbatim. From harness_common.py:
-``own_pid_namespace``, ``start_in_own_group``, ``kill_all``."""
+"""The code domain's harness (opdgrpo.sandbox.execution): reads {"timeout", "slack", "value_cap", "item_cap", "items":
+[{"source", "func", "args"}, ...]} from stdin; forks a fresh process per item (program + test arguments), runs the
+module and each test call under a ``setitimer`` alarm, and prints one JSON line per item as it finishes. The child's
+protocol, one JSON line each: ["c"] compiled and found the function, ["s"] syntax error, ["x", exc] module code
+raised, ["t"] module code timed out, ["n"] no such function; then per test ["v", value], ["e", exc], ["t"] (and
+stop), ["u"] not JSON-serialisable, ["b"] longer than ``value_cap``; finally ["d"]. The parent re-encodes what it
+parsed, so nothing the child writes reaches stdout verbatim.
+
+Nothing here depends on an expected result (the caps are constants of the host), and before any user code runs a
+child drops every reference to the other items (their programs and arguments); a record of an earlier item is gone
+before the next item is forked. So a program that walks frames, ``gc`` or the main module finds only its own item.
+The payload comes on stdin, not in this script's text, so the script file in the work directory holds no item either.
+From harness_common.py: ``own_pid_namespace``, ``start_in_own_group``, ``kill_all``."""
 # ruff: noqa: F821 (names from harness_common.py, which the host sends first)
 
 import json
@@ -17,6 +23,8 @@ import time
 _exit, _write, _dumps = os._exit, os.write, json.dumps  # bound before any user code runs
 
 
+_PENDING = []  # the items not yet run; a child empties it before any user code runs
+_CAPS = {}  # "value_cap" (bytes of one returned value's JSON) and "item_cap" (bytes a child may send): constants
 _DONE = '["d"]'  # last line from an item: the harness need not wait for EOF (a daemon may hold the pipe)
 
 
@@ -36,6 +44,7 @@ def _send(fd, text):
 
 def _child(item, fd, limit):
     try:
+        _PENDING.clear()  # the other items' programs and arguments: out of this process's reach
         devnull = os.open(os.devnull, os.O_RDWR)
         for target in (0, 1, 2):
             os.dup2(devnull, target)
@@ -63,7 +72,8 @@ def _child(item, fd, limit):
             _send(fd, '["n"]')
             return
         _send(fd, '["c"]')
-        for args, cap in zip(item["args"], item["caps"]):
+        value_cap = _CAPS["value_cap"]
+        for args in item["args"]:
             try:
                 signal.setitimer(signal.ITIMER_REAL, limit)
                 try:
@@ -82,7 +92,7 @@ def _child(item, fd, limit):
                 continue
             if text is None:
                 _send(fd, '["u"]')
-            elif len(text) > cap:
+            elif len(text) > value_cap:
                 _send(fd, '["b"]')
             else:
                 _send(fd, '["v",' + text + "]")
@@ -100,13 +110,13 @@ DONE_LINE = (_DONE + "\n").encode()
 
 def _run_item(index, item, limit, slack):
     budget = limit * (len(item["args"]) + 1) + slack
-    max_bytes = sum(item["caps"]) + 64 * (len(item["args"]) + 4)
+    max_bytes = min((_CAPS["value_cap"] + 64) * len(item["args"]) + 256, _CAPS["item_cap"])
     record = {"i": index, "log": [], "end": None}
     read_end, write_end = os.pipe()
     pid = start_in_own_group(lambda: _child(item, write_end, limit), read_end)
     os.close(write_end)
     deadline = time.monotonic() + budget
-    data = b""
+    data = bytearray()
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -122,12 +132,16 @@ def _run_item(index, item, limit, slack):
             record["end"] = "protocol"
             break
         if data.endswith(DONE_LINE):
-            data = data[: -len(DONE_LINE)]
+            del data[-len(DONE_LINE) :]
             break
     os.close(read_end)
     kill_all(pid, OWN_PID_NAMESPACE)  # the item, anything it started in its group, and what escaped the group
     os.waitpid(pid, 0)
-    for line in data.split(b"\n")[:-1]:
+    lines = data.split(b"\n")[:-1]
+    if record["end"] == "protocol" or len(lines) > len(item["args"]) + 1:  # ["c"] and a line per test at most
+        record["end"] = "protocol"  # nothing of a flood is parsed or sent on: the host scores it 0 anyway
+        return record
+    for line in lines:
         try:
             entry = json.loads(line)
         except ValueError:
@@ -148,15 +162,30 @@ def _warm_up():
     _dumps([1, {"a": 2.0}, None, True, "s"])
 
 
-def main(payload):
+def _report(index, item, limit, slack):
+    """Run one item and print its record; the record dies with this call, before the next item is forked."""
+    record = _run_item(index, item, limit, slack)
+    _send(1, json.dumps(record))
+
+
+def main():
     global OWN_PID_NAMESPACE
     OWN_PID_NAMESPACE = own_pid_namespace()
+    payload = json.loads(sys.stdin.buffer.read())
     limit, slack = payload["timeout"], payload["slack"]
+    _CAPS.update(value_cap=payload["value_cap"], item_cap=payload["item_cap"])
+    _PENDING.extend(payload.pop("items"))
+    _PENDING.reverse()  # popped from the end, in order
     _warm_up()
-    for index, item in enumerate(payload["items"]):
+    index = 0
+    while _PENDING:
+        item = _PENDING.pop()
         try:
-            record = _run_item(index, item, limit, slack)
+            _report(index, item, limit, slack)
         except OSError:  # fork or pipe failed: report nothing more; the caller reruns the rest
             break
-        sys.stdout.write(json.dumps(record) + "\n")
-        sys.stdout.flush()
+        index += 1
+
+
+if __name__ == "__main__":
+    main()

@@ -1,8 +1,9 @@
-"""The hub code domain's harness (opdgrpo.sandbox.stdio): reads {"source", "prelude", "inputs", "caps", "timeout"}
+"""The hub code domain's harness (opdgrpo.sandbox.stdio): reads {"source", "prelude", "inputs", "cap", "timeout"}
 from stdin; runs the program once per test in a forked child with the test's input as its stdin; prints per test
 {"i": index, "s": "ok", "o": stdout} or {"i": index, "s": "timeout"|"runtime"|"memory"|"output"} (and stops), or a
-single {"compile": "syntax"} when the program does not compile. From harness_common.py: ``own_pid_namespace``,
-``start_in_own_group``, ``kill_all``."""
+single {"compile": "syntax"} when the program does not compile. ``cap`` (bytes of stdout kept per test) is a
+constant: nothing here depends on an expected output, which a program could find in these frames. From
+harness_common.py: ``own_pid_namespace``, ``start_in_own_group``, ``kill_all``."""
 # ruff: noqa: F821 (names from harness_common.py, which the host sends first)
 
 import json
@@ -123,7 +124,8 @@ def main():
         sys.stdout.write(json.dumps({"compile": "syntax"}) + "\n")
         return
     limit = payload["timeout"]
-    for index, (text, cap) in enumerate(zip(payload["inputs"], payload["caps"])):
+    cap = payload["cap"]
+    for index, text in enumerate(payload["inputs"]):
         record = run_test(code, base, text, cap, limit)
         record["i"] = index
         sys.stdout.write(json.dumps(record) + "\n")
