@@ -66,10 +66,27 @@ class HubDomain:
     #: Rows load in the jobs, not when the DAG is planned (config validation checks only the source blocks).
     LAZY_POOLS = True
 
+    #: Headers of a next question that evaluation harnesses stop base models at (lm-eval-harness's ``until`` lists):
+    #: a continuation that writes one has finished its own answer. Per domain; see :attr:`stop_strings`.
+    NEXT_QUESTION: tuple[str, ...] = ()
+
     def __init__(self, cfg: Mapping[str, Any]):
         self.cfg = cfg
         self.name = str(cfg["name"])
         self.template = str(cfg.get("prompt_template") or "{problem}")
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """Where a base model's completion ends (``train.stop_strings``, :mod:`opdgrpo.train.stops`): the harnesses'
+        next-question headers and the prompt's own text that follows every problem (a completion that writes it
+        again is writing its next problem, whose answer an answer reader must not read)."""
+        return tuple(dict.fromkeys(self.NEXT_QUESTION + self.prompt_markers()))
+
+    def prompt_markers(self) -> tuple[str, ...]:
+        """The prompt's fixed text after the problem (``prompt_template``'s first line after ``{problem}``, up to any
+        ``{``), on a new line: only a new problem puts it there. Too short a text (under 12 characters) could be a
+        completion's own words, so it is not used."""
+        return _marker(self.template.partition("{problem}")[2])
 
     # -- subclasses ------------------------------------------------------------------------------
     def to_task(self, row: Mapping[str, Any], where: str) -> Task | None:
@@ -126,3 +143,9 @@ class HubDomain:
 
     def demonstration(self, task: Task, style: str) -> str:
         return self.pretraining_task(None)
+
+
+def _marker(text: str) -> tuple[str, ...]:
+    """``text``'s first non-blank line up to any ``{`` (a placeholder), after a newline; none when under 12 characters."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "").partition("{")[0].rstrip()
+    return ("\n" + line,) if len(line) >= 12 else ()

@@ -28,6 +28,7 @@ import hashlib
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from ..verifiers.choice import LETTERS, score_choice
+from . import hub
 from .base import Task
 from .hub import HubDomain
 
@@ -129,6 +130,10 @@ class HubChoiceDomain(HubDomain):
     - ``instruction``: the answer instruction after the options (default :data:`DEFAULT_INSTRUCTION`).
     """
 
+    #: MMLU-Pro's own evaluation stops at "Question:"; lm-eval-harness's mmlu_pro at "Question:" and "Q:" (here only
+    #: at a line's start: a bare "Q:" may be an option's or a reasoning's text).
+    NEXT_QUESTION = ("Question:", "\n\nQ:")
+
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__(cfg)
         self.instruction = str(cfg.get("instruction") or DEFAULT_INSTRUCTION)
@@ -142,6 +147,11 @@ class HubChoiceDomain(HubDomain):
             if fmt not in FORMATS:
                 raise ValueError(f"config key `{where}.format` must be one of {sorted(FORMATS)}, got {fmt!r}")
         self._active: tuple[str, int] | None = None
+
+    def prompt_markers(self) -> tuple[str, ...]:
+        """The answer instruction (up to its ``{letters}``), which ends every prompt: a completion that writes it again
+        has written a next question and its options, and would answer it next."""
+        return tuple(dict.fromkeys(super().prompt_markers() + hub._marker(self.instruction)))
 
     def _tasks(self, spec: Mapping[str, Any], where: str, role: str) -> list[Task]:
         # The base class asks for columns and rows without the set's spec; remember which set is loading.

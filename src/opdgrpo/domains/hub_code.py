@@ -69,10 +69,13 @@ FUNCTIONAL_INSTRUCTION = (
 )
 
 
+PROBLEM_HEADER = "### Problem"   # a problem's first line; a base model's next problem starts with it too
+
+
 def build_problem(question: str, starter_code: str, mode: str) -> str:
     """The user message for one problem (before the domain's ``prompt_template``)."""
     instruction = FUNCTIONAL_INSTRUCTION if mode == "functional" else STDIN_INSTRUCTION
-    text = f"### Problem\n{question.strip()}\n\n### Instructions\n{instruction}\n"
+    text = f"{PROBLEM_HEADER}\n{question.strip()}\n\n### Instructions\n{instruction}\n"
     if starter_code and starter_code.strip():
         text += f"\n```python\n{starter_code.rstrip()}\n```\n"
     return text
@@ -108,6 +111,11 @@ def _date(value: Any, where: str) -> datetime:
 
 class HubCodeDomain(HubDomain):
     """Code problems from hub data sets, scored by running the program in the sandbox (see module docs)."""
+
+    def prompt_markers(self) -> tuple[str, ...]:
+        """The problem's own header (:func:`build_problem`) on a line of its own: a completion that writes it has
+        begun a next problem, whose program the verifier must not run. No "Question:" stop: a program may print it."""
+        return tuple(dict.fromkeys(super().prompt_markers() + (f"\n{PROBLEM_HEADER}\n",)))
 
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__(cfg)

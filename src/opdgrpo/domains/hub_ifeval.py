@@ -118,7 +118,9 @@ def rlvr_instruction(ground_truth: Any, constraint: str | None = None) -> tuple[
 class HubIFEvalDomain(HubDomain):
     """IFEval-style instruction following over hub data. Config keys (``conf/domain/paper_ifeval.yaml``): those of
     :class:`~opdgrpo.domains.hub.HubDomain`, plus ``reward: strict|loose`` (IFEval prompt-level accuracy used as
-    the RL reward). ``train`` rows have RLVR-IFeval's schema, ``heldout`` rows google/IFEval's."""
+    the RL reward). ``train`` rows have RLVR-IFeval's schema, ``heldout`` rows google/IFEval's. No next-question
+    stop strings (:attr:`~opdgrpo.domains.hub.HubDomain.stop_strings`): the prompts are free-form requests with no
+    header a next one would repeat, and lm-eval-harness's ifeval stops at EOS only."""
 
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__(cfg)

@@ -110,6 +110,10 @@ class HubMathDomain(HubDomain):
     ``id_key``; ``verifier: {workers, timeout_s, chunk_size, deadline_s}`` (:class:`MathVerifier`).
     """
 
+    #: lm-eval-harness stops its math tasks at "Problem:" (minerva_math, hendrycks_math) and "Question:" (gsm8k); here
+    #: at a paragraph's start, where a next problem begins (a solution may say "the problem: ..." mid-line).
+    NEXT_QUESTION = ("\n\nProblem:", "\n\nQuestion:")
+
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__(cfg)
         if not isinstance(cfg.get("train"), Mapping):

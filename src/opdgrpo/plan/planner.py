@@ -135,7 +135,8 @@ class Planner:
 
     def prompt_format(self, model: str) -> dict[str, Any]:
         """The prompt format runs of ``model`` use: ``train``'s keys, replaced by the model's ``prompt_format``."""
-        fmt = {k: self.cfg["train"][k] for k in ("chat_template", "enable_thinking", "stop_tokens") if k in self.cfg["train"]}
+        fmt = {k: self.cfg["train"][k] for k in ("chat_template", "enable_thinking", "stop_tokens", "stop_strings")
+               if k in self.cfg["train"]}
         return {**fmt, **(self.cfg["models"][model].get("prompt_format") or {})}
 
     def base_model(self, ref: str) -> str:
@@ -188,6 +189,9 @@ class Planner:
                 "threads": self.cfg["threads"],
                 **self.engine(),
             }
+            fmt = self.prompt_format(model)
+            if fmt:   # the tiny world has none: its base jobs' configs stay as they were
+                cfg["prompt_format"] = fmt   # its base evaluation formats and stops as its runs do
             self.jobs[job_id] = Job(job_id, "base", f"{self.root}/base/{model}", cfg, [tok.id], label=model)
         return self.jobs[job_id]
 
@@ -294,6 +298,9 @@ class Planner:
         mcfg = self.cfg["models"][model]
         if mcfg.get("sampling"):
             entry["sampling"] = mcfg["sampling"]
+        own = mcfg.get("prompt_format") or {}
+        if "stop_strings" in own:   # the job formats prompts as the student's runs do; a chat teacher has no stop strings
+            entry["stop_strings"] = bool(own["stop_strings"])
         if mcfg.get("source") in ("hub", "random"):
             entry.update({k: mcfg[k] for k in ("dtype", "attn_implementation") if mcfg.get(k)})
         return entry

@@ -96,7 +96,8 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         # thinking on) samples with them; otherwise at the rule's temperature from the full distribution.
         sampling = cfg[role].get("sampling") or {}
         fmt = PromptFormat.from_config({**prompt_format, **({"enable_thinking": sampling["enable_thinking"]}
-                                                           if "enable_thinking" in sampling else {})})
+                                                           if "enable_thinking" in sampling else {}),
+                                        **({"stop_strings": cfg[role]["stop_strings"]} if "stop_strings" in cfg[role] else {})})
         dtype = getattr(torch, str(cfg[role].get("dtype") or "float32"))
         engine_on = cfg.get("engine") == "vllm"   # then the engine samples; the model gives the config (no weights read)
         model = load_model(cfg[role]["path"], dtype=dtype, trainable=False,

@@ -194,7 +194,7 @@ def _evaluate_base(cfg: Mapping[str, Any], checkpoint: Path, workers) -> tuple[t
     tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
     domains = {d: build_domain(spec) for d, spec in cfg["domains"].items()}
     ev, sampling = cfg["pretrain"]["eval"], model_cfg.get("sampling") or {}
-    fmt = PromptFormat.from_config({**cfg.get("train", {}), **(model_cfg.get("prompt_format") or {}),   # its own family's
+    fmt = PromptFormat.from_config({**(cfg.get("prompt_format") or {}), **(model_cfg.get("prompt_format") or {}),   # its own family's
                                     **({"enable_thinking": sampling["enable_thinking"]} if "enable_thinking" in sampling else {})})
     if ev.get("max_prompts") == 0:
         return model, [], 0.0, None

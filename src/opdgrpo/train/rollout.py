@@ -10,6 +10,7 @@ import torch
 
 from opdgrpo.domains import Domain, Task
 from opdgrpo.train.sampling import Rollouts, sample
+from opdgrpo.train.stops import stop_strings_for
 
 
 @dataclass
@@ -31,17 +32,20 @@ class PromptFormat:
     The tiny world feeds the raw prompt. Chat models (the paper profile) get the prompt as one user turn through the
     tokenizer's own chat template (``train.chat_template: true``), optionally with Qwen3's thinking switch
     (``enable_thinking``), and stop at the end of their turn (``stop_tokens``, e.g. ``<|im_end|>``) as well as at EOS.
+    Base models also stop at their domain's stop strings (``stop_strings: true``, :mod:`opdgrpo.train.stops`), before
+    they write a next question of their own; chat models end their turn instead.
     """
 
     chat_template: bool = False
     enable_thinking: bool | None = None
     stop_tokens: tuple[str, ...] = ()
+    stop_strings: bool = False
 
     @classmethod
     def from_config(cls, train: Mapping) -> "PromptFormat":
         thinking = train.get("enable_thinking")
         return cls(bool(train.get("chat_template", False)), None if thinking is None else bool(thinking),
-                   tuple(train.get("stop_tokens") or ()))
+                   tuple(train.get("stop_tokens") or ()), bool(train.get("stop_strings", False)))
 
     def stop_ids(self, tokenizer) -> list[int]:
         ids = [tokenizer.eos_token_id]
@@ -88,6 +92,7 @@ def sample_and_score(model, tokenizer, domains: Mapping[str, Domain], tasks: Seq
     """Sample completions of ``tasks`` and score them. ``engine`` (:mod:`opdgrpo.train.engines`) samples; None: the
     project's own sampler on ``model`` (the ``hf`` engine)."""
     draw = engine.sample if engine is not None else partial(sample, model)   # None: the hf engine's own call
+    strings = stop_strings_for(domains, tasks, fmt.stop_strings, tokenizer)
     rollouts = draw(
         encode_prompts(tokenizer, tasks, fmt),
         max_new_tokens=max_new_tokens,
@@ -97,7 +102,10 @@ def sample_and_score(model, tokenizer, domains: Mapping[str, Domain], tasks: Seq
         top_p=top_p,
         top_k=top_k,
         generator=generator,
+        **({} if strings is None else {"stop_strings": strings}),
     )
     texts = tokenizer.batch_decode(rollouts.completions, skip_special_tokens=True)
+    if rollouts.text_ends is not None:   # a row cut at a stop string: its text ends where the stop string starts
+        texts = [t if end is None else t[:end] for t, end in zip(texts, rollouts.text_ends)]
     rewards = score(domains, tasks, texts) if with_rewards else torch.full((len(tasks),), float("nan"))
     return ScoredRollouts(list(tasks), rollouts, texts, rewards)

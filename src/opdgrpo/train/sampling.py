@@ -8,6 +8,10 @@ they cost nothing afterwards; padding inside the prompt block *is* computed and 
 By default tokens come from the model's full distribution (temperature 1, no top-k / top-p truncation), as
 on-policy training needs; ``temperature=0`` is greedy decoding.
 
+A base model's rows may also stop at their domain's stop strings (``stop_strings``, :mod:`opdgrpo.train.stops`): each new
+token's row tail is decoded and checked, a row that completed one leaves the batch as at EOS, and its completion is
+cut where the stop string starts (the module's token rule); the decode steps it ran are counted.
+
 The loop never recomputes a prefix (each decode step feeds one token per running row against the cache) and stops
 as soon as every row has ended. Each forward takes the fastest path that gives the model's own eager-forward bits on
 this machine (:func:`~opdgrpo.train.inference.choose_path`, checked once per process): :class:`~opdgrpo.train.inference.LeanQwen3`
@@ -26,6 +30,7 @@ from transformers import DynamicCache
 
 from opdgrpo.train import flops as flop_formulas
 from opdgrpo.train.inference import FAST, LEAN, LeanQwen3, cache_kwarg, choose_path, fast_attention, sampling_cache
+from opdgrpo.train.stops import StopStrings
 
 
 @dataclass
@@ -35,15 +40,18 @@ class Rollouts:
 
     sequences: torch.LongTensor  # (B, P+T): left-padded prompts then completions, pad after a row ends
     attention_mask: torch.LongTensor  # (B, P+T): 1 on prompt tokens and on completion_mask positions
-    completion_mask: torch.BoolTensor  # (B, T): True on generated tokens up to and including EOS
+    completion_mask: torch.BoolTensor  # (B, T): True on generated tokens up to and including EOS (or a stop string's kept tokens)
     prompt_len: int  # P, the padded prompt length
-    completions: list[list[int]]  # generated ids per row, without EOS and pads
-    finished: torch.BoolTensor  # (B,): the row ended with EOS
+    completions: list[list[int]]  # generated ids per row, without EOS and pads (and without a stop string's tokens)
+    finished: torch.BoolTensor  # (B,): the row ended with EOS or at a stop string
     flops: float  # FLOPs computed: prefill + every decode step (padding included)
     tokens_computed: int  # token positions pushed through the model (padding included)
     # (B, T): the sampling engine's own log-prob of each generated token (0 elsewhere), where the engine reports them
     # (vLLM: opdgrpo.train.engines); None from this module's sampler, whose log-probs the trainer recomputes anyway
     logprobs: torch.Tensor | None = None
+    # per row, the characters of its decoded completion that are its text (a stop string starts there; None: all of
+    # it); None when no row had stop strings (opdgrpo.train.stops)
+    text_ends: list[int | None] | None = None
 
     def to(self, device: torch.device) -> "Rollouts":
         """The same rollouts with their tensors on ``device`` (an engine that samples elsewhere: vLLM)."""
@@ -85,8 +93,10 @@ def sample(
     top_p: float = 1.0,
     top_k: int = 0,
     generator: torch.Generator | None = None,
+    stop_strings: StopStrings | None = None,
 ) -> Rollouts:
-    """Sample up to ``max_new_tokens`` tokens after each prompt; a row stops at its first EOS.
+    """Sample up to ``max_new_tokens`` tokens after each prompt; a row stops at its first EOS, or at the token that
+    completes one of its ``stop_strings`` (:mod:`opdgrpo.train.stops`).
 
     Runs without gradients. Deterministic for a given ``generator`` state (and the same model, prompts and settings). The model is used
     as is: put it in eval mode if it has dropout. ``generator`` must live on the model's device. Use float32 or
@@ -114,7 +124,7 @@ def sample(
         path = choose_path(model)
         with fast_attention(model) if path == FAST else contextlib.nullcontext():
             return _sample_loop(path, model, input_ids, prompt_mask, stops, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
-                                temperature=temperature, top_p=top_p, top_k=top_k, generator=generator)
+                                temperature=temperature, top_p=top_p, top_k=top_k, generator=generator, strings=stop_strings)
 
 
 class _Stepper:
@@ -143,7 +153,8 @@ class _Stepper:
 
 
 def _sample_loop(path: str, model, input_ids: torch.Tensor, prompt_mask: torch.Tensor, stops: torch.Tensor, *, max_new_tokens: int,
-                 pad_token_id: int, temperature: float, top_p: float, top_k: int, generator) -> Rollouts:
+                 pad_token_id: int, temperature: float, top_p: float, top_k: int, generator,
+                 strings: StopStrings | None = None) -> Rollouts:
     config = model.config
     batch, prompt_len = input_ids.shape
     device = input_ids.device
@@ -159,11 +170,15 @@ def _sample_loop(path: str, model, input_ids: torch.Tensor, prompt_mask: torch.T
     mask = prompt_mask  # attention mask of the active rows over everything cached so far
     next_pos = position_ids[:, -1] + 1  # position of the token each active row feeds next
     steps = 0
+    history: list[list[int]] = [[] for _ in range(batch)]   # each row's tokens on the host, for its stop strings
+    hit_rows: list[int] = []
     for step in range(max_new_tokens):
         tokens = _choose(logits[:, -1, :], temperature, top_p, top_k, generator)
         generated[active, step] = tokens
         steps = step + 1
         is_eos = torch.isin(tokens, stops)
+        if strings is not None:
+            is_eos = is_eos | _string_hits(strings, active, tokens, history, hit_rows)
         finished[active[is_eos]] = True
         if step == max_new_tokens - 1 or bool(is_eos.all()):
             break
@@ -185,6 +200,7 @@ def _sample_loop(path: str, model, input_ids: torch.Tensor, prompt_mask: torch.T
     # A row's completion is everything before its first stop token: the masked positions, less the stop if it ended.
     lengths = (completion_mask.sum(dim=-1) - (completion_mask & is_eos).sum(dim=-1)).tolist()
     completions = [row[:n] for row, n in zip(generated.tolist(), lengths)]
+    text_ends = None if strings is None else _cut_rows(strings, hit_rows, completions, completion_mask, generated, pad_token_id)
     return Rollouts(
         sequences=torch.cat([input_ids, generated], dim=-1),
         attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=-1),
@@ -194,4 +210,33 @@ def _sample_loop(path: str, model, input_ids: torch.Tensor, prompt_mask: torch.T
         finished=finished,
         flops=total_flops,
         tokens_computed=tokens_computed,
+        text_ends=text_ends,
     )
+
+
+def _string_hits(strings: StopStrings, active: torch.Tensor, tokens: torch.Tensor, history: list[list[int]],
+                 hit_rows: list[int]) -> torch.Tensor:
+    """Append this step's tokens to the active rows' ``history`` and say which rows just completed a stop string
+    (noted in ``hit_rows``): those leave the batch as at EOS."""
+    rows = active.tolist()
+    for r, t in zip(rows, tokens.tolist()):
+        history[r].append(t)
+    hits = strings.hits(rows, [history[r] for r in rows])
+    hit_rows.extend(r for r, h in zip(rows, hits) if h)
+    return torch.tensor(hits, dtype=torch.bool, device=tokens.device)
+
+
+def _cut_rows(strings: StopStrings, hit_rows: list[int], completions: list[list[int]], completion_mask: torch.Tensor,
+              generated: torch.Tensor, pad_token_id: int) -> list[int | None]:
+    """Cut each row that stopped at a stop string to its kept tokens (in place: its completion, mask and ids); the
+    rows' text ends (:mod:`opdgrpo.train.stops`)."""
+    ends: list[int | None] = [None] * len(completions)
+    for r in hit_rows:
+        found = strings.cut(r, completions[r])
+        if found is None:   # the tail saw it, the whole text must too; keep the row as generated if not
+            continue
+        kept, ends[r] = found
+        completions[r] = completions[r][:kept]
+        completion_mask[r, kept:] = False
+        generated[r, kept:] = pad_token_id
+    return ends

@@ -9,7 +9,8 @@ calls an engine through :func:`opdgrpo.train.rollout.sample_and_score`, so the c
   hybrid engine). It is built once from a saved copy of the model and then gets the trainer's weights in memory
   after each optimiser step (:meth:`~opdgrpo.train.engines.vllm_engine.VLLMEngine.sync`); see that module.
 
-Both return the same structure, with the engine's own per-token log-probs where it has them (vLLM): the trainer
+Both stop a base model's rows at their domain's stop strings by one rule (:mod:`opdgrpo.train.stops`), and both
+return the same structure, with the engine's own per-token log-probs where it has them (vLLM): the trainer
 always recomputes the log-probs it trains on, and uses the engine's only for the mismatch statistic and the
 optional truncated importance-sampling correction (``method.engine_is_cap``).
 """
@@ -24,6 +25,7 @@ import torch
 
 from opdgrpo import schema
 from opdgrpo.train.sampling import Rollouts, sample
+from opdgrpo.train.stops import StopStrings
 
 
 class Engine(Protocol):
@@ -36,7 +38,7 @@ class Engine(Protocol):
 
     def sample(self, prompts: list[list[int]], *, max_new_tokens: int, eos_token_id: int | Sequence[int],
                pad_token_id: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-               generator: torch.Generator | None = None) -> Rollouts: ...
+               generator: torch.Generator | None = None, stop_strings: StopStrings | None = None) -> Rollouts: ...
 
     def sync(self, model: torch.nn.Module, version: Any) -> None:
         """Make the engine sample from ``model``'s current weights (``version`` names them: a repeat is free)."""

@@ -28,7 +28,7 @@ How it is used (TRL's colocate mode, verl's hybrid engine):
   samples two models (S2) holds one engine at a time: vLLM's sleep-mode allocator allows one per process.
 
 Sampling settings map one to one onto ``SamplingParams`` (temperature, top-p, top-k with 0 = off, the stop ids,
-max tokens); one request per row, each with its own seed drawn from the caller's generator (``seed + row``), so a
+a base model's stop strings, max tokens); one request per row, each with its own seed drawn from the caller's generator (``seed + row``), so a
 GRPO group of ``n`` copies of a prompt is ``n`` samples, deterministic for a given generator state, as ``n`` per
 prompt would be (vLLM fans ``n`` out into child requests the same way; its prefix cache shares the prompt).
 The engine's log-probs are vLLM's ``processed_logprobs`` (after temperature), the distribution it sampled from.
@@ -55,6 +55,7 @@ import torch
 from opdgrpo.train import flops as flop_formulas
 from opdgrpo.train.distributed import launched_by_torchrun
 from opdgrpo.train.sampling import Rollouts
+from opdgrpo.train.stops import StopStrings
 
 log = logging.getLogger("opdgrpo.train.engines.vllm")
 
@@ -322,8 +323,10 @@ class VLLMEngine:
 
     def sample(self, prompts: list[list[int]], *, max_new_tokens: int, eos_token_id: int | Sequence[int],
                pad_token_id: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-               generator: torch.Generator | None = None) -> Rollouts:
-        """:func:`opdgrpo.train.sampling.sample`'s contract, from the engine; ``Rollouts.logprobs`` holds its log-probs."""
+               generator: torch.Generator | None = None, stop_strings: StopStrings | None = None) -> Rollouts:
+        """:func:`opdgrpo.train.sampling.sample`'s contract, from the engine; ``Rollouts.logprobs`` holds its log-probs.
+        A row with ``stop_strings`` is detokenised by vLLM, which ends it at the token completing one (``stop``);
+        its completion is then cut by :mod:`opdgrpo.train.stops`'s rule, as the project's sampler cuts it."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("need at least one prompt, and every prompt needs at least one token")
         if self._discarded:
@@ -333,15 +336,19 @@ class VLLMEngine:
         # drawn where the generator lives (a trainer's CUDA generator cannot fill a CPU tensor)
         base = (int(torch.randint(0, 2**31 - len(prompts), (1,), generator=generator, device=generator.device))
                 if generator is not None else None)
+        strings = [stop_strings.rows[row] if stop_strings is not None else () for row in range(len(prompts))]
+        # stop strings are matched on vLLM's detokenised text: only their rows pay for detokenising
         params = [self._params(n=1, temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
-                               max_tokens=int(max_new_tokens), stop_token_ids=stops, logprobs=0, detokenize=False,
+                               max_tokens=int(max_new_tokens), stop_token_ids=stops, logprobs=0,
+                               detokenize=bool(strings[row]), stop=list(strings[row]) or None,
+                               include_stop_str_in_output=False,
                                seed=None if base is None else base + row) for row in range(len(prompts))]
         self._wake()
         with _no_autocast():   # the caller's autocast (train.precision bf16) is not the engine's: it has its dtype
             outputs = self.llm.generate([self._prompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         self._sleep()
         rows = [(list(o.outputs[0].token_ids), _sampled_logprobs(o.outputs[0])) for o in outputs]
-        return _rollouts(self.config, prompts, rows, set(stops), pad_token_id).to(self.device)
+        return _rollouts(self.config, prompts, rows, set(stops), pad_token_id, stop_strings).to(self.device)
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -364,11 +371,20 @@ def _cut_at_stop(ids: list[int], lps: list[float], stops: set[int]) -> tuple[lis
     return (ids, lps, False) if at is None else (ids[:at + 1], lps[:at + 1], True)
 
 
+def _cut_at_string(row: int, ids: list[int], stopped: bool, strings: StopStrings | None) -> tuple[int, int | None]:
+    """(tokens kept, text end) of a row by :mod:`opdgrpo.train.stops`'s rule: all of them (and no text end) unless it
+    ended without a stop token at one of its stop strings."""
+    found = None if strings is None or stopped else strings.cut(row, ids)
+    return (len(ids), None) if found is None else found
+
+
 def _rollouts(config: Any, prompts: list[list[int]], rows: list[tuple[list[int], list[float]]], stops: set[int],
-              pad_token_id: int) -> Rollouts:
+              pad_token_id: int, strings: StopStrings | None = None) -> Rollouts:
     """The engine's rows in the project's rollout structure: left-padded prompts, completions padded on the right,
-    the mask up to and including a stop token; FLOPs and token counts of what was computed (no padding)."""
+    the mask up to and including a stop token (or over a stop string's kept tokens); FLOPs and token counts of what
+    was computed (no padding; a stop string's dropped tokens were computed)."""
     rows = [_cut_at_stop(ids, lps, stops) for ids, lps in rows]
+    cuts = [_cut_at_string(i, ids, stopped, strings) for i, (ids, _, stopped) in enumerate(rows)]
     prompt_len = max(len(p) for p in prompts)
     steps = max(1, max(len(ids) for ids, _, _ in rows))
     batch = len(prompts)
@@ -378,17 +394,18 @@ def _rollouts(config: Any, prompts: list[list[int]], rows: list[tuple[list[int],
     logprobs = torch.zeros((batch, steps), dtype=torch.float32)
     finished = torch.zeros(batch, dtype=torch.bool)
     completions, flops, computed = [], 0.0, 0
-    for i, (prompt, (ids, lps, stopped)) in enumerate(zip(prompts, rows)):
-        finished[i] = stopped
+    for i, (prompt, (ids, lps, stopped), (kept, end)) in enumerate(zip(prompts, rows, cuts)):
+        finished[i] = stopped or end is not None
         sequences[i, prompt_len - len(prompt):prompt_len] = torch.tensor(prompt, dtype=torch.long)
         prompt_mask[i, prompt_len - len(prompt):] = 1
-        if ids:
-            sequences[i, prompt_len:prompt_len + len(ids)] = torch.tensor(ids, dtype=torch.long)
-            completion_mask[i, :len(ids)] = True
-            logprobs[i, :len(ids)] = torch.tensor(lps, dtype=torch.float32)
-        completions.append(ids[:-1] if stopped else ids)
+        if kept:
+            sequences[i, prompt_len:prompt_len + kept] = torch.tensor(ids[:kept], dtype=torch.long)
+            completion_mask[i, :kept] = True
+            logprobs[i, :kept] = torch.tensor(lps[:kept], dtype=torch.float32)
+        completions.append(ids[:-1] if stopped else ids[:kept])
         flops += flop_formulas.generate_flops(config, 1, len(prompt), len(ids))
         computed += len(prompt) + max(len(ids) - 1, 0)
     return Rollouts(sequences=sequences, attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=-1),
                     completion_mask=completion_mask, prompt_len=prompt_len, completions=completions, finished=finished,
-                    flops=flops, tokens_computed=computed, logprobs=logprobs)
+                    flops=flops, tokens_computed=computed, logprobs=logprobs,
+                    text_ends=None if strings is None else [end for _, end in cuts])
