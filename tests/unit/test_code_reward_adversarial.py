@@ -374,3 +374,15 @@ def test_output_over_its_cap_is_stopped_on_the_host():
     runs = [stdio.StdioRun(verbose, ("", ""), (6000, 6000)), stdio.StdioRun(verbose, ("", ""), (6000, 4000))]
     out = stdio.run_stdio_programs(runs, per_test_timeout_s=1.0)
     assert out == [stdio.StdioOutcome("ok", ("x" * 5000 + "\n",) * 2), stdio.StdioOutcome("output", ("x" * 5000 + "\n",))]
+
+
+@pytest.mark.parametrize("completion", [
+    "<think>try this\n```python\nprint('Yes')\n```",
+    "<think>a</think> draft\n<think>better:\n```python\nprint('Yes')\n```",
+])
+def test_a_program_inside_an_unclosed_thought_is_no_answer(completion):
+    """Cut off while thinking: no answer, as in every domain, even after an earlier closed thought."""
+    from opdgrpo.verifiers.code import extract_program
+
+    assert extract_program(completion) is None
+    assert extract_program(completion + "\n</think>\n```python\nprint(1)\n```") == "print(1)\n"

@@ -51,7 +51,7 @@ from typing import Any, Mapping, Sequence
 from opdgrpo.sandbox.execution import ProgramCheck, check_programs
 from opdgrpo.sandbox.stdio import StdioRun, run_stdio_programs
 
-from . import final_answer_text
+from . import answer_after_thinking
 
 __all__ = [
     "PRELUDE", "VerifierConfig", "CodeResult", "extract_program", "decode_test_cases", "make_answer",
@@ -138,13 +138,14 @@ class CodeResult:
 def extract_program(completion: str) -> str | None:
     """The program a completion ends with, or None.
 
-    Only the final answer counts: the text after the last ``</think>``; a completion that opens
-    ``<think>`` and never closes it (cut off while thinking) has no answer. In it, the last closed fenced
+    Only the final answer counts: the text after the last ``</think>``; a completion whose last ``<think>`` is never
+    closed (cut off while thinking) has no answer (:func:`answer_after_thinking`, as in every domain). In it, the last
+    closed fenced
     block tagged python (``python``, ``py``, ``python3``), else the last closed fenced block of any tag.
     """
-    if "<think>" in completion and "</think>" not in completion:
+    text = answer_after_thinking(completion)
+    if text is None:
         return None
-    text = final_answer_text(completion)
     blocks: list[tuple[str, str]] = []
     opening: re.Match | None = None
     for fence in _FENCE.finditer(text):
