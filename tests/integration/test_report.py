@@ -189,6 +189,15 @@ def test_missing_key_names_key_and_line(tmp_path) -> None:
         load_curves(spec, runs)
 
 
+def test_a_curve_without_its_step0_evaluation_is_refused_naming_the_run_and_the_redo(tmp_path) -> None:
+    """A run resumed after its evals.jsonl was lost would start at a later step; gains are read from step 0."""
+    text = json.dumps(eval_record(6, 5.0, {"math": 0.4})) + "\n"
+    spec, runs, _ = _one_run(tmp_path, text)
+    with pytest.raises(ReportInputError, match=r"evals\.jsonl: run '.*' has no step-0 evaluation \(its first is at "
+                                               r"step 6\).*snakemake --forcerun .*done\.json"):
+        load_curves(spec, runs)
+
+
 # ----------------------------------------------------------------------------------------------------- plots
 def test_flop_units_and_step0_axis() -> None:
     assert flop_unit(3e12) == (1e12, "TFLOP")

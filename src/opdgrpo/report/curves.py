@@ -176,6 +176,11 @@ def load_curves(spec: dict[str, Any], runs_dir: Path) -> pd.DataFrame:
         if not run_dir.is_dir():
             raise ReportInputError(f"{run_dir}: run directory of run '{run}' not found")
         records = read_evals(run_dir / "evals.jsonl")
+        first = min(r["step"] for r in records)
+        if first != 0:   # every gain, match and savings figure is read from the curve's start
+            raise ReportInputError(
+                f"{run_dir / 'evals.jsonl'}: run '{run}' has no step-0 evaluation (its first is at step {first}): its "
+                f"history is incomplete; redo the run with `snakemake --forcerun {run_dir / 'done.json'}`")
         base = pd.DataFrame.from_records(records)
         studies = list(entry["studies"]) or [""]
         for study in studies:
