@@ -128,7 +128,8 @@ def cmd_pretrain(args) -> int:
 def cmd_train(args) -> int:
     """Exit 0 done, 130 interrupted by a signal (checkpointed: a retry or rerun resumes), 3 a non-finite step,
     4 a retry that refuses to train (opdgrpo.attempts), 1 an upstream output that is not whole, a checkpoint that
-    cannot be resumed as set now, or any other error."""
+    cannot be resumed as set now, a sandbox that would not confine reads of hub data, or any other error."""
+    from opdgrpo.sandbox.guard import UnconfinedReads
     from opdgrpo.train.checkpoint import ResumeRefused
     from opdgrpo.train.finished import BrokenUpstream
     from opdgrpo.train.loop import Interrupted, NonFinite, train
@@ -160,7 +161,7 @@ def cmd_train(args) -> int:
         print(f"error: {err}", file=sys.stderr)
         ended("nonfinite", str(err))
         return attempts.NONFINITE
-    except (BrokenUpstream, ResumeRefused) as err:   # refused at the start, the message names the file or the key
+    except (BrokenUpstream, ResumeRefused, UnconfinedReads) as err:   # refused at the start, naming the file or key
         print(f"error: {err}", file=sys.stderr)
         ended("refused", str(err))
         return 1
