@@ -93,6 +93,30 @@ def test_vllm_greedy_matches_the_project_sampler_token_for_token(engine_world):
     assert 0 < theirs.flops <= ours.flops
 
 
+def test_vllm_stops_at_a_stop_string_where_the_project_sampler_does(engine_world):
+    """A base model's stop strings: vLLM matches them on its detokenised text, the project's sampler on its own;
+    greedy, both end each row at the same token and cut its text at the same character (the string excluded)."""
+    from opdgrpo.train.stops import StopStrings
+
+    model, tokenizer, prompts, engine = engine_world
+    plain = sample(model, prompts, temperature=0.0, **_kwargs(tokenizer, 16))
+    texts = tokenizer.batch_decode(plain.completions, skip_special_tokens=True)
+    # a stop string drawn from the middle of the longest greedy text, so at least one row stops there
+    longest = max(texts, key=len)
+    stop = longest[len(longest) // 2: len(longest) // 2 + 2]
+    strings = StopStrings(tokenizer, tuple((stop,) for _ in prompts))
+    ours = sample(model, prompts, temperature=0.0, stop_strings=strings, **_kwargs(tokenizer, 16))
+    theirs = engine.sample(prompts, temperature=0.0, stop_strings=strings, **_kwargs(tokenizer, 16))
+    assert any(end is not None for end in ours.text_ends), (stop, texts)
+    assert theirs.text_ends == ours.text_ends
+    assert theirs.completions == ours.completions
+    assert torch.equal(theirs.completion_mask, ours.completion_mask)
+    assert theirs.finished.tolist() == ours.finished.tolist()
+    for text, end, ids in zip(texts, ours.text_ends, ours.completions):
+        if end is not None:
+            assert stop not in text[:end] and text[end:].startswith(stop)
+
+
 def test_vllm_samples_the_same_distribution_with_matching_logprobs(engine_world):
     """One prompt, 1024 samples from each engine at temperature 1: per position (first 3) and token, the two
     frequencies differ by less than ``Z_BOUND`` standard errors of a difference of two binomial proportions."""

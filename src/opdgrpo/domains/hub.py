@@ -86,7 +86,7 @@ class HubDomain:
         """The prompt's fixed text after the problem (``prompt_template``'s first line after ``{problem}``, up to any
         ``{``), on a new line: only a new problem puts it there. Too short a text (under 12 characters) could be a
         completion's own words, so it is not used."""
-        return _marker(self.template.partition("{problem}")[2])
+        return line_marker(self.template.partition("{problem}")[2])
 
     # -- subclasses ------------------------------------------------------------------------------
     def to_task(self, row: Mapping[str, Any], where: str) -> Task | None:
@@ -145,7 +145,7 @@ class HubDomain:
         return self.pretraining_task(None)
 
 
-def _marker(text: str) -> tuple[str, ...]:
+def line_marker(text: str) -> tuple[str, ...]:
     """``text``'s first non-blank line up to any ``{`` (a placeholder), after a newline; none when under 12 characters."""
     line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "").partition("{")[0].rstrip()
     return ("\n" + line,) if len(line) >= 12 else ()

@@ -28,9 +28,8 @@ import hashlib
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from ..verifiers.choice import LETTERS, score_choice
-from . import hub
 from .base import Task
-from .hub import HubDomain
+from .hub import HubDomain, line_marker
 
 DEFAULT_INSTRUCTION = ('Think step by step, then end your response with "The answer is (X)", where X is the letter '
                        '({letters}) of the correct option.')
@@ -151,7 +150,7 @@ class HubChoiceDomain(HubDomain):
     def prompt_markers(self) -> tuple[str, ...]:
         """The answer instruction (up to its ``{letters}``), which ends every prompt: a completion that writes it again
         has written a next question and its options, and would answer it next."""
-        return tuple(dict.fromkeys(super().prompt_markers() + hub._marker(self.instruction)))
+        return tuple(dict.fromkeys(super().prompt_markers() + line_marker(self.instruction)))
 
     def _tasks(self, spec: Mapping[str, Any], where: str, role: str) -> list[Task]:
         # The base class asks for columns and rows without the set's spec; remember which set is loading.
