@@ -233,7 +233,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    if args.func in JOB_COMMANDS and int(os.environ.get("RANK", "0")) == 0:   # one holder per job, its first process
+        from .runio import DirectoryInUse, job_lock
+
+        try:
+            with job_lock(args.out):
+                return args.func(args)
+        except DirectoryInUse as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
     return args.func(args)
+
+
+#: The commands that run one job in an output directory: each holds that directory's job lock while it runs.
+JOB_COMMANDS = (cmd_tokenizer, cmd_pretrain, cmd_difficulty, cmd_train)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,11 @@ skip it and a resumed job rewrites the file up to its checkpoint, so no step is 
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
+import logging
 import os
 import tempfile
 import warnings
@@ -18,6 +22,58 @@ import yaml
 #: The eval set name under which a run trained on a prompt subset (S2) scores those training prompts; the report
 #: keeps it out of held-out accuracy.
 IN_DOMAIN_SET = "in_domain"
+
+
+JOB_LOCK = ".lock"
+
+log = logging.getLogger("opdgrpo.runio")
+
+_HELD: set[Path] = set()   # output directories whose job lock this process holds (the lock is re-entrant)
+
+
+class DirectoryInUse(RuntimeError):
+    """Another live process runs a job in this output directory."""
+
+
+@contextlib.contextmanager
+def job_lock(out_dir: Path) -> Iterator[None]:
+    """Hold ``out_dir/.lock`` (an exclusive ``flock``, created with ``out_dir`` if missing) while a job runs there, or
+    raise :class:`DirectoryInUse` at once, naming the holder's pid and host. Re-entrant within a process: the CLI
+    takes it for every job command, and :func:`opdgrpo.train.loop.train` again for callers that train by hand.
+
+    Why: Snakemake never schedules two jobs on one output, but its lock guards a working directory only until someone
+    runs ``snakemake --unlock`` (which its lock message suggests); a second ``snakemake`` then starts the jobs the
+    first is still running, and two processes write one run (its attempt records, its checkpoint). With this lock the
+    second job stops before it touches anything and the first finishes. The lock belongs to the open file, so the
+    kernel drops it when the holder exits or is killed (kill -9 included): a stale file never blocks. Where the file
+    system has no ``flock`` (some NFS mounts) the job runs unguarded, with a warning."""
+    out_dir = Path(out_dir).absolute()
+    if out_dir in _HELD:
+        yield
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out_dir / JOB_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+                raise DirectoryInUse(
+                    f"{out_dir} is in use by another process ({holder}); two jobs must never write one output "
+                    "directory (a second snakemake after `--unlock`?): wait for it to finish or stop it, then rerun"
+                ) from None
+            log.warning("%s: cannot lock (%s); running without the job lock", out_dir / JOB_LOCK, err)
+        else:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
+        _HELD.add(out_dir)
+        try:
+            yield
+        finally:
+            _HELD.discard(out_dir)
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def atomic_write_text(path: Path, text: str) -> None:

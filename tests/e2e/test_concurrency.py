@@ -14,7 +14,7 @@ import pytest
 
 from opdgrpo.config import compose
 from opdgrpo.plan.build import build_plan
-from opdgrpo.train.preflight import RunLocked, run_dir_lock
+from opdgrpo.runio import DirectoryInUse, job_lock
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
@@ -69,24 +69,24 @@ def test_second_snakemake_on_one_directory_is_refused(tmp_path):
 
 
 def _hold_lock(run_dir: Path) -> subprocess.Popen:
-    code = ("import sys, time; from pathlib import Path; from opdgrpo.train.preflight import run_dir_lock\n"
-            "with run_dir_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(600)\n")
+    code = ("import sys, time; from pathlib import Path; from opdgrpo.runio import job_lock\n"
+            "with job_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
     return proc
 
 
-def test_run_dir_lock_refuses_a_second_process_and_frees_on_exit(tmp_path):
+def test_job_lock_refuses_a_second_process_and_frees_on_exit(tmp_path):
     run_dir = tmp_path / "runs" / "r"
     holder = _hold_lock(run_dir)
     try:
-        with pytest.raises(RunLocked, match=rf"run directory {run_dir} is in use by another process \(pid {holder.pid}\)"):
-            with run_dir_lock(run_dir):
+        with pytest.raises(DirectoryInUse, match=rf"{run_dir} is in use by another process \(pid {holder.pid} on "):
+            with job_lock(run_dir):
                 pass
     finally:
         holder.kill()
         holder.wait()
-    with run_dir_lock(run_dir):  # a killed holder leaves no stale lock
+    with job_lock(run_dir):  # a killed holder leaves no stale lock
         pass
 
 
@@ -115,7 +115,7 @@ def test_train_on_a_locked_run_dir_fails_fast_and_leaves_it_untouched(tmp_path):
     holder = _hold_lock(run_dir)
     try:
         started = time.time()
-        with pytest.raises(RunLocked, match=f"run directory {run_dir} is in use"):
+        with pytest.raises(DirectoryInUse, match=f"{run_dir} is in use"):
             train(run_cfg, run_dir)
         assert time.time() - started < 60   # at once: before any model is loaded (a bound against a hang)
     finally:

@@ -37,7 +37,7 @@ import torch
 from opdgrpo.domains import Task, build_domain
 from opdgrpo.progress import Progress, clock
 from opdgrpo.run_shape import RunShape
-from opdgrpo.runio import append_jsonl, keep_records, read_jsonl, write_json, write_yaml
+from opdgrpo.runio import append_jsonl, job_lock, keep_records, read_jsonl, write_json, write_yaml
 from opdgrpo.subsets import restrict_to_subset
 from opdgrpo.tracking import Tracker
 from opdgrpo.train import faults, numerics
@@ -161,7 +161,7 @@ def train(cfg: dict[str, Any], run_dir: Path, collective_timeout_s: float | None
     ``collective_timeout_s``: the process group's timeout (:class:`opdgrpo.train.distributed.Workers`)."""
     # Bad input fails here, before any compute and before the run directory is touched (a finished run stays
     # intact); then one process at a time owns the run directory.
-    from opdgrpo.train.preflight import check_run_inputs, run_dir_lock
+    from opdgrpo.train.preflight import check_run_inputs
 
     check_run_inputs(cfg)
     expandable_segments()
@@ -171,7 +171,7 @@ def train(cfg: dict[str, Any], run_dir: Path, collective_timeout_s: float | None
         # The main process owns the run directory; the others only read checkpoints it wrote.
         # Signals are noted from here on: SLURM's warning arriving while the models load stops the run after its
         # first step (checkpointed) instead of killing it with nothing saved.
-        with run_dir_lock(Path(run_dir)) if workers.is_main else contextlib.nullcontext(), _stop_requests() as stop:
+        with job_lock(Path(run_dir)) if workers.is_main else contextlib.nullcontext(), _stop_requests() as stop:
             started = time.time()
             run = _setup(cfg, Path(run_dir), workers)
             try:

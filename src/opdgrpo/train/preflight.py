@@ -1,57 +1,20 @@
-"""Checks a training job runs before any compute, and the lock that keeps one process per run directory.
+"""Checks a training job runs before any compute.
 
 :func:`check_run_inputs` reads only the job's config and small files (tokenizer and model ``config.json`` of each
 checkpoint, the S2 subsets file): it loads no model and writes nothing, so a bad input fails in a second and leaves
-the run directory, finished or not, exactly as it was. :func:`run_dir_lock` then holds ``<run_dir>/.lock`` for
-the whole run: Snakemake never schedules two jobs on one output, and this makes the same true for runs started by
-hand (``opdgrpo train``) next to a workflow.
+the run directory, finished or not, exactly as it was. The job then holds the run directory's lock
+(:func:`opdgrpo.runio.job_lock`) for the whole run.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import json
-import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from opdgrpo import schema, tracking
 from opdgrpo.domains import build_domain, heldout_overlap
 from opdgrpo.subsets import load_subset
-
-LOCK_FILE = ".lock"
-
-
-class RunLocked(RuntimeError):
-    """Another process is training into the same run directory."""
-
-
-@contextlib.contextmanager
-def run_dir_lock(run_dir: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``<run_dir>/.lock`` (created, with ``run_dir``, if missing) or fail at once.
-
-    The lock belongs to the open file, so it is released when the holder exits or is killed (no stale locks);
-    the file keeps the holder's pid for the message.
-    """
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            raise RunLocked(f"run directory {run_dir} is in use by another process (pid {holder}); two jobs must never "
-                            f"write one run directory: wait for it to finish or stop it, then rerun") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _tokenizer_vocab(directory: Path, role: str) -> dict[str, int]:
