@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -74,6 +75,45 @@ def job_lock(out_dir: Path) -> Iterator[None]:
             _HELD.discard(out_dir)
     finally:
         os.close(fd)  # releases the lock
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's contents, read in 1 MiB blocks (checkpoints are tens of GiB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+#: A run's history files, recorded in its ``done.json`` so the report can tell a whole history from an edited one.
+HISTORY = ("evals.jsonl", "ledger.jsonl")
+
+
+def history_record(run_dir: Path) -> dict[str, Any]:
+    """``{file: {"bytes", "sha256"}}`` of a finished run's :data:`HISTORY`, for its ``done.json``."""
+    return {name: {"bytes": (run_dir / name).stat().st_size, "sha256": file_sha256(run_dir / name)}
+            for name in HISTORY if (run_dir / name).is_file()}
+
+
+def history_changes(run_dir: Path) -> list[str]:
+    """How a finished run's history differs from what its ``done.json`` recorded (deleted, cut, rewritten); [] when
+    it is as written, or when the run predates the record. A report built on an edited history would plot a curve
+    no run produced."""
+    done = Path(run_dir) / "done.json"
+    try:
+        recorded = json.loads(done.read_text()).get("history") or {}
+    except (OSError, ValueError, AttributeError):
+        return []
+    changes = []
+    for name, want in sorted(recorded.items()):
+        file = Path(run_dir) / name
+        if not file.is_file():
+            changes.append(f"{file} is missing")
+        elif file.stat().st_size != want["bytes"] or file_sha256(file) != want["sha256"]:
+            changes.append(f"{file} differs from the one its run wrote ({file.stat().st_size} bytes, recorded "
+                           f"{want['bytes']})")
+    return changes
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -198,6 +198,30 @@ def test_a_curve_without_its_step0_evaluation_is_refused_naming_the_run_and_the_
         load_curves(spec, runs)
 
 
+@pytest.mark.parametrize("edit", ["cut", "rewritten", "deleted"])
+def test_a_history_edited_after_its_run_finished_is_refused(tmp_path, edit) -> None:
+    """done.json records the sizes and hashes of evals.jsonl and ledger.jsonl: a report built on an edited history
+    would plot a curve no run produced, so it names the file and the command that redoes the run."""
+    from opdgrpo.runio import history_record
+
+    text = "".join(json.dumps(eval_record(s, 5.0 * s, {"math": 0.3 + 0.1 * s})) + "\n" for s in range(3))
+    spec, runs, path = _one_run(tmp_path, text)
+    (path.parent / "ledger.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
+    (path.parent / "done.json").write_text(json.dumps({"history": history_record(path.parent)}))
+    assert sorted(load_curves(spec, runs)["step"].unique()) == [0, 1, 2]   # as written: read
+    ledger = path.parent / "ledger.jsonl"
+    if edit == "cut":
+        path.write_text(text.splitlines(keepends=True)[0])
+    elif edit == "rewritten":
+        path.write_text("".join(text.splitlines(keepends=True)[:2]) + json.dumps(eval_record(2, 10.0, {"math": 0.9})) + "\n")
+    else:
+        ledger.unlink()
+    changed = ledger if edit == "deleted" else path
+    with pytest.raises(ReportInputError, match=rf"run 'r': {changed}.*(is missing|differs from the one its run wrote).*"
+                                               r"snakemake --forcerun .*done\.json"):
+        load_curves(spec, runs)
+
+
 # ----------------------------------------------------------------------------------------------------- plots
 def test_flop_units_and_step0_axis() -> None:
     assert flop_unit(3e12) == (1e12, "TFLOP")

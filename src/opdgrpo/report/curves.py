@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from opdgrpo.plan.studies import REGISTRY
-from opdgrpo.runio import IN_DOMAIN_SET, iter_jsonl
+from opdgrpo.runio import IN_DOMAIN_SET, history_changes, iter_jsonl
 
 #: The contracted column order of ``curves.csv`` (DESIGN.md, "Files a run leaves").
 CURVE_COLUMNS: list[str] = [
@@ -175,6 +175,10 @@ def load_curves(spec: dict[str, Any], runs_dir: Path) -> pd.DataFrame:
         run_dir = runs_dir / run
         if not run_dir.is_dir():
             raise ReportInputError(f"{run_dir}: run directory of run '{run}' not found")
+        changed = history_changes(run_dir)
+        if changed:
+            raise ReportInputError(f"run '{run}': {'; '.join(changed)}: its history is not what the run wrote; redo "
+                                   f"the run with `snakemake --forcerun {run_dir / 'done.json'}`")
         records = read_evals(run_dir / "evals.jsonl")
         first = min(r["step"] for r in records)
         if first != 0:   # every gain, match and savings figure is read from the curve's start

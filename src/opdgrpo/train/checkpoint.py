@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from opdgrpo.job_identity import RUNTIME_KEYS
+from opdgrpo.runio import file_sha256
 from opdgrpo.train import faults
 from opdgrpo.train.finished import read_done, verify_finished
 
@@ -57,7 +58,7 @@ def upstream_fingerprint(cfg: dict[str, Any]) -> dict[str, str]:
     if cfg.get("train_subset"):   # the selection itself, once its job's record parses
         subsets = Path(cfg["train_subset"]["file"])
         read_done(subsets.parent / "done.json")
-        prints["subsets"] = _sha256(subsets)
+        prints["subsets"] = file_sha256(subsets)
     return prints
 
 
@@ -74,21 +75,13 @@ def run_identity(cfg: dict[str, Any]) -> str:
     return config_hash({"config": hashed, "upstream": upstream_fingerprint(cfg)})
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _files(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file() and p.relative_to(path).as_posix() != MANIFEST)
 
 
 def write_manifest(path: Path) -> None:
     """Seal a checkpoint directory: sha256 and size of every file in it, written last."""
-    files = {p.relative_to(path).as_posix(): {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in _files(path)}
+    files = {p.relative_to(path).as_posix(): {"sha256": file_sha256(p), "bytes": p.stat().st_size} for p in _files(path)}
     (path / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, indent=1, sort_keys=True) + "\n")
 
 
@@ -116,7 +109,7 @@ def verify_checkpoint(path: Path) -> bool:
         size = file.stat().st_size
         if size != want["bytes"]:
             raise CorruptCheckpoint(f"{file}: {size} bytes, the manifest says {want['bytes']} (truncated or overwritten)")
-        if _sha256(file) != want["sha256"]:
+        if file_sha256(file) != want["sha256"]:
             raise CorruptCheckpoint(f"{file}: sha256 differs from the manifest (corrupted)")
     return True
 

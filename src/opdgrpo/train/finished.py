@@ -27,6 +27,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from opdgrpo.runio import file_sha256
+
 MANIFEST = "manifest.json"
 
 
@@ -37,14 +39,6 @@ class BrokenUpstream(RuntimeError):
 def _redo(done: Path) -> str:
     return (f"redo that job with `snakemake --forcerun {done}` (it and every job below it run again); "
             "nothing of this job was changed")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _table_digest(table: dict[str, Any]) -> str:
@@ -62,7 +56,7 @@ def checkpoint_record(checkpoint: Path, *, hash_contents: bool, settings: Any = 
     if manifest.is_file():
         contents = {name: entry["sha256"] for name, entry in json.loads(manifest.read_text())["files"].items()}
     elif hash_contents:
-        contents = {p.relative_to(checkpoint).as_posix(): _sha256(p) for p in files}
+        contents = {p.relative_to(checkpoint).as_posix(): file_sha256(p) for p in files}
     else:
         contents = {p.relative_to(checkpoint).as_posix(): p.resolve().name for p in files}
     return {"files": sizes, "digest": _table_digest({"contents": contents, "settings": settings})}

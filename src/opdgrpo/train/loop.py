@@ -37,7 +37,7 @@ import torch
 from opdgrpo.domains import Task, build_domain
 from opdgrpo.progress import Progress, clock
 from opdgrpo.run_shape import RunShape
-from opdgrpo.runio import append_jsonl, job_lock, keep_records, read_jsonl, write_json, write_yaml
+from opdgrpo.runio import append_jsonl, history_record, job_lock, keep_records, read_jsonl, write_json, write_yaml
 from opdgrpo.subsets import restrict_to_subset
 from opdgrpo.tracking import Tracker
 from opdgrpo.train import faults, numerics
@@ -555,6 +555,7 @@ def _finish(run: Run, final: dict[str, Any], started: float) -> dict[str, Any]:
             summary["train_subset"] = run.subset
         # the final checkpoint as downstream runs will check and identify it (opdgrpo.train.finished)
         summary["checkpoint"] = checkpoint_record(run.run_dir / "checkpoint", hash_contents=False)
+        summary["history"] = history_record(run.run_dir)   # what the report checks it reads (evals, ledger)
         write_json(run.run_dir / "done.json", summary)
         run.progress.event("done", {"steps": run.shape.steps, "wall": clock(summary["wall_s"]),
                                     "flops": run.cumulative, "mfu": summary.get("mfu")})
