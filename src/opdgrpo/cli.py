@@ -175,11 +175,16 @@ def cmd_train(args) -> int:
 
 def cmd_difficulty(args) -> int:
     from opdgrpo.stages.difficulty import select
+    from opdgrpo.train.finished import BrokenUpstream
 
     cfg = _job_config(args)
     _require_cached("difficulty", cfg, args.out)
     _check_sandbox(cfg)
-    summary = select(cfg, args.out)
+    try:
+        summary = select(cfg, args.out)
+    except BrokenUpstream as err:   # a base model's output that is not whole: named, with the command that redoes it
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print(json.dumps({k: summary[k] for k in ("domain", "prompts", "subsets", "wall_s")}))
     return 0
 

@@ -34,6 +34,7 @@ from opdgrpo.subsets import bin_by_rates
 from opdgrpo.train import numerics
 from opdgrpo.train.engines import checkpoint_engine
 from opdgrpo.train.evaluation import batch_bounds
+from opdgrpo.train.finished import verify_finished
 from opdgrpo.train.models import autocast, load_model
 from opdgrpo.train.precision import resolve as resolve_precision
 from opdgrpo.train.rollout import PromptFormat, sample_and_score
@@ -78,6 +79,8 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     """The ``difficulty`` job: rates of both models on the sampled pool, the subsets, written to ``subsets.json``."""
     started = time.time()
     torch.set_num_threads(int(cfg["threads"]))
+    for role in ("student", "teacher"):   # their base jobs' outputs whole, before anything is written here
+        verify_finished(Path(cfg[role]["path"]))
     out_dir.mkdir(parents=True, exist_ok=True)
     write_yaml(out_dir / "config.yaml", dict(cfg))
     rule, domain_name = cfg["rule"], cfg["domain"]
