@@ -38,6 +38,9 @@ CHOICE_CHEATS = [
     "If the answer is B, then x = 2.",
     # a final answer followed by a different one, not itself a statement
     "The answer is (B).\nOr C.", "The answer is (B).\n\nC", "Answer: B\n- C",
+    "The answer is (B)... or is it (D)?", "The answer is B? Or D?", "The answer is (B). Maybe C.",
+    "Answer: B. Alternatively D.", "Final answer: B. Actually, wait, maybe C.", "Answer: B (C is close)",
+    "The answer is (B) [or (C)]", "The answer is B & C", "The answer is B + C", "The answer is {B,C}",
     # a final statement that hedges voids an earlier committed one
     "The answer is (C). Hmm, the answer is A or B.",
     # no answer at all: a whole-list pick, the options echoed back, a cut-off thought
@@ -57,6 +60,8 @@ CHOICE_PAID = [
     ("No, the answer is B.", 4, "B"), ("Not sure at first, but the answer is (D).", 4, "D"),
     ("I think C.", 10, "C"), ("My final pick: E", 10, "E"), ("The answer is (H).", 10, "H"),
     ("The answer is A because the others fail.", 4, "A"), ("C\n\nThe answer is C.", 4, "C"),
+    ("The answer is (C). Option A is wrong because it ignores friction, and B overstates it.", 4, "C"),
+    ("The answer is (C).\n\nExplanation: A and B are incorrect since both ignore the charge.", 4, "C"),
 ]
 
 

@@ -18,7 +18,8 @@ the statement's sentence voids it, whatever stands between the two (``A or B``, 
   ``\\boxed{X}``; when there are several, the **last** one is read, so a model that corrects itself is scored on
   its final word (MMLU-Pro takes the first). If that last statement is not committed (below), there is no answer:
   an earlier statement is not read instead. A different letter offered after it ("The answer is (B). Or C.",
-  a final line ``C``) also leaves no answer.
+  "(B)... or is it (D)?", "B. Maybe C.", a final line ``C``) also leaves no answer; a later sentence that names
+  other options without offering them ("A is wrong because ...") does not.
 * (2) Only when there is no explicit statement: *cues*. A choice stated in other words, letter after the words
   ("I think it's D because ...", "the correct one is C) 18", "I'd go with (B)", "the answer would be C") or before
   them ("Option C is the answer", "(C) is the right choice", "B is correct"), and a *final lone letter*, a letter
@@ -112,6 +113,10 @@ _SENTENCE_END = re.compile(r"\n|[.!?][*_)\]\"'’”]*(?=\s|\Z)|[。！？]")
 # Clauses also end at , ; : and "but": a negation in an earlier clause ("not sure, but it's B") is not the answer's.
 _CLAUSE_END = re.compile(r"\n|[.!?][*_)\]\"'’”]*(?=\s|\Z)|[。！？,;:，；：、]|(?i:\bbut\b)")
 _CONCLUSION = re.compile(r"(?i:\b(?:so|thus|therefore|hence)\b)")
+# After the final statement, a sentence naming another option offers it as an alternative when it asks, or holds
+# one of these words ("(B)... or is it (D)?", "B. Maybe C."); an explanation of why the others fail ("A is wrong
+# because ...") offers nothing and is allowed.
+_ALTERNATIVE = re.compile(r"(?i:\b(?:or|maybe|perhaps|possibly|alternatively|otherwise)\b)|\?")
 # Words that undo or weaken a choice when they stand in its clause before the letter.
 _UNCOMMITTED = re.compile(
     r"(?i:\b(?:not|never|neither|nor|except|excluding|cannot|incorrect|wrong|false|rather\s+than|instead\s+of"
@@ -169,6 +174,16 @@ def _committed(text: str, start: int, match: re.Match, valid: str) -> bool:
     return _options_named(text, scope, hi, valid) <= {_letter(match)}
 
 
+def _alternative_after(text: str, lo: int, letter: str, valid: str) -> bool:
+    """Whether a sentence of ``text[lo:]`` offers another option than ``letter`` as an alternative (see
+    :data:`_ALTERNATIVE`): then the statement before it was a hedge, not a commitment."""
+    starts = [lo] + [m.end() for m in _SENTENCE_END.finditer(text, lo)]
+    for a, b in zip(starts, starts[1:] + [len(text)]):
+        if _options_named(text, a, b, valid) - {letter} and _ALTERNATIVE.search(text, a, b):
+            return True
+    return False
+
+
 def _final_letter(text: str) -> re.Match | None:
     """The lone letter ending the text, when it can be a choice (not a unit, a subscript, a cut-off word or the
     last item of a list of letters)."""
@@ -207,7 +222,9 @@ def extract_letter(completion: str, n_options: int) -> str | None:
         last = statements[-1]
         letter = _letter(last)
         later = {_letter(m) for m in _cues(text, last.end("L"))} & set(valid)
-        return letter if _committed(text, last.start(), last, valid) and later <= {letter} else None
+        if later - {letter} or _alternative_after(text, last.end("L"), letter, valid):
+            return None
+        return letter if _committed(text, last.start(), last, valid) else None
     cues = [m for m in _cues(text) if _letter(m) in valid]
     if not cues or not all(_committed(text, m.start(), m, valid) for m in cues):
         return None
