@@ -94,10 +94,14 @@ MATH_CHEATS = [  # against gold 4
     "The answer is either 4 or 5.", "The answer is 4, or maybe 5.", "The answer is 4 and/or 5.",
     "\\boxed{4}\\boxed{5}", "\\boxed{4} or \\boxed{5}", "$4$ or $5$", "<think>\\boxed{4}",
     "<think>so 4</think> draft <think>\\boxed{4}",
+    "The answer is $4$ (or $5$).", "The answer is 4 (or 5).", "the answer: 4 (possibly 5)",
+    "The answer is 4 or perhaps 5", "The answer is between 4 and 5.", "It is 4, or 5.",
+    "\\boxed{4, 5}", "\\boxed{4 \\text{ or } 5}", "\\boxed{\\{4,5\\}}", "\\boxed{4 \\pm 1}",
 ]
 MATH_PAID = [
     ("\\boxed{4}", "4"), ("The answer is 4", "4"), ("<think>4 or 5? 4 4/9?</think>\n\\boxed{4}", "4"),
-    ("There are 3 or 4 cases to check.\nSo the answer is 4.", "4"), ("4\u00a04/9", "40/9"),
+    ("There are 3 or 4 cases to check.\nSo the answer is 4.", "4"),
+    ("There are 3 or 4 cases to check. The answer is 4.", "4"), ("4\u00a04/9", "40/9"),
     ("$4~4/9$", "40/9"), ("4 4\u20449", "40/9"), ("4\u00bd", "9/2"), ("-2\u20091/2", "-5/2"),
 ]
 

@@ -97,9 +97,15 @@ _MIXED = re.compile(r"(?<![\d/.])([-\u2212]?)(\d+)" + _GAP + f"({_DIGITS}){_SLAS
 _VULGAR = re.compile(r"(\d?)([\u00bc-\u00be\u2150-\u215e\u2189])")
 _NUMBER = r"(?<![\w.])[-\u2212]?\d+(?:[.,]\d+)*(?:/\d+)?"
 # A hedge between two numbers: "4 or 5", "4, or maybe 5", "either 4 or 5", "4 and/or 5", "4 vs 5", "4, possibly 5".
-_HEDGE = re.compile(_NUMBER + r"\s*,?\s*(?:(?:or|and/or|nor|vs\.?|versus)(?:\s+(?:maybe|possibly|perhaps|probably))?"
-                    r"|maybe|possibly|perhaps)\s+\$?\s*[-\u2212]?\d", re.IGNORECASE)
+# Two numbers offered as alternatives: "4 or 5", "$4$ (or $5$)", "4, possibly 5", "4 (maybe 5)", or a range given as
+# the answer, "between 4 and 5".
+_HEDGE = re.compile(
+    _NUMBER + r"\$?\s*,?\s*[(\[]?\s*(?:(?:or|and/or|nor|vs\.?|versus)(?:\s+(?:maybe|possibly|perhaps|probably))?"
+    r"|maybe|possibly|perhaps|probably|alternatively)\s+\$?\s*[-\u2212]?\d"
+    r"|\bbetween\s+\$?\s*" + _NUMBER + r"\$?\s+and\s+\$?\s*[-\u2212]?\d", re.IGNORECASE)
 _ANSWER_SENTENCE = re.compile(r"(?i:\banswer\b)[^.\n]*\Z")
+# Another sentence or line after a hedge: then the hedge was reasoning, unless its own sentence states the answer.
+_LATER_SENTENCE = re.compile(r"\n|[.!?]\s+\S")
 
 
 def _fraction_text(digits: str) -> int:
@@ -123,14 +129,14 @@ def improper_fractions(text: str) -> str:
 def hedged(text: str) -> bool:
     """Whether a plain-text answer names two numbers as alternatives ("The answer is 4 or 5"): math-verify would
     read one of them, which pays a list of candidates. Only where math-verify reads plain text (no ``\\boxed``), and
-    only in a sentence that states the answer or in the last line, so reasoning that weighs "3 or 4 cases" before a
+    only in a sentence that states the answer or in the last sentence, so reasoning that weighs "3 or 4 cases" before a
     stated result is still read."""
     if "\\boxed" in text:
         return False
     for m in _HEDGE.finditer(text):
         before = text[: m.start()]
-        last_line = "\n" not in text[m.start():].strip()
-        if last_line or _ANSWER_SENTENCE.search(before):
+        last_sentence = not _LATER_SENTENCE.search(text[m.start():].strip())
+        if last_sentence or _ANSWER_SENTENCE.search(before):
             return True
     return False
 
