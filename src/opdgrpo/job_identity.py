@@ -19,6 +19,9 @@ from typing import Any, Iterable, Mapping
 RUNTIME_KEYS = ("nonfinite", "max_nonfinite_skips", "report_to", "activation_checkpointing")
 #: The environment variable that carries them to the jobs, as JSON.
 ENV = "OPDGRPO_TRAIN_RUNTIME"
+#: The DAG's precision record (``<results>/<profile>/precision.json``), exported to every job by the rules: ``auto``
+#: is decided once per DAG, by the first job that needs it (:mod:`opdgrpo.train.precision`), not in each job's config.
+PRECISION_RECORD_ENV = "OPDGRPO_PRECISION_RECORD"
 
 
 #: Keys of a data set block (``domains.<d>.train``, ``domains.<d>.heldout.<set>``) that only the planner reads.

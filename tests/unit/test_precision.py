@@ -71,3 +71,41 @@ def test_this_machines_decision_follows_its_flags():
     if not native:
         assert chosen == "fp32" and flags in precision.report()["reason"]
     assert numerics.report()["precision"]["resolved"] == chosen   # what done.json records
+
+
+def test_under_the_workflow_the_first_job_decides_for_the_whole_dag(monkeypatch, tmp_path):
+    """The rules export the DAG's record: the first process measures and writes it; a later one (another job, a
+    resume) adopts it without measuring, even where its own measurement would differ."""
+    record = tmp_path / "results" / "precision.json"
+    monkeypatch.setenv(precision.RECORD_ENV, str(record))
+    monkeypatch.setattr(precision, "native_bf16", lambda: (True, "amx_bf16"))
+    monkeypatch.setattr(precision, "measure", lambda threads=None: {"speedup": 2.0})
+    assert precision.resolve("auto") == "bf16" and precision.report()["record_written"] is True
+    assert '"resolved": "bf16"' in record.read_text()
+    precision.reset()   # a later job: its own measurement would say float32
+    monkeypatch.setattr(precision, "measure", lambda threads=None: pytest.fail("a later job measured again"))
+    assert precision.resolve("auto") == "bf16"
+    assert precision.report()["reason"].startswith(f"the DAG's decision ({record})")
+    assert precision.resolve("fp32") == "fp32"   # an explicit setting is the user's, record or not
+
+
+def test_two_jobs_deciding_at_once_agree(monkeypatch, tmp_path):
+    """Both measured; the second to create the record adopts the first one's decision instead of its own."""
+    record = tmp_path / "precision.json"
+    monkeypatch.setenv(precision.RECORD_ENV, str(record))
+    monkeypatch.setattr(precision, "native_bf16", lambda: (True, "amx_bf16"))
+
+    def measured_while_another_wrote(threads=None):
+        record.write_text('{"resolved": "fp32", "reason": "the other job measured 1.1x"}\n')
+        return {"speedup": 2.0}
+
+    monkeypatch.setattr(precision, "measure", measured_while_another_wrote)
+    assert precision.resolve("auto") == "fp32" and "the other job measured 1.1x" in precision.report()["reason"]
+
+
+def test_an_unreadable_record_is_named(monkeypatch, tmp_path):
+    record = tmp_path / "precision.json"
+    record.write_text("{cut")
+    monkeypatch.setenv(precision.RECORD_ENV, str(record))
+    with pytest.raises(ValueError, match=rf"{record}: the DAG's precision record is unreadable .*delete it"):
+        precision.resolve("auto")

@@ -29,6 +29,9 @@ from snakemake.exceptions import WorkflowError
 # Snakemake's own prefix (bash strict mode) kept; braces doubled, as Snakemake formats the prefix like a command.
 _RUNTIME = shlex.quote(json.dumps(job_identity.runtime(j.config for j in PLAN.jobs.values()), sort_keys=True))
 _PREFIX = f"set -euo pipefail; export {job_identity.ENV}={_RUNTIME}; "
+# `precision: auto` is decided once per DAG on a CPU: the first job measures and writes this record, every later job
+# (and every resume) reads it (opdgrpo.train.precision); delete it to decide again.
+_PREFIX += f"export {job_identity.PRECISION_RECORD_ENV}={shlex.quote(str(Path(ROOT).absolute() / 'precision.json'))}; "
 # `hub_offline: true` (the paper profile): jobs read the Hugging Face caches only, so a compute node without network
 # fails a job at its start, naming each missing model or data set and `opdgrpo fetch`, instead of after timeouts.
 if CFG.get("hub_offline"):

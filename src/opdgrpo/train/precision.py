@@ -14,21 +14,36 @@ default, is resolved once per process, at job start, by :func:`resolve`:
   a machine where both are close from flipping between jobs on timing noise. On such a machine, set ``bf16`` or
   ``fp32`` explicitly to pin it.
 
-The decision (and its measurement) goes into ``done.json`` beside the numerics fingerprint
-(:func:`opdgrpo.train.numerics.report`). A run's config keeps ``auto``, so moving a results folder between machines reruns
-nothing; the verdicts are what should travel (docs/speed.md, "Precision per machine").
+**One decision per DAG.** A measured decision can differ between two jobs on a loaded machine (speed-ups of
+1.4x-2.9x were seen against the 1.25x margin), and two jobs of one seed would then compute in different arithmetics.
+So under the workflow every job reads one record: the rules export :data:`RECORD_ENV` (``<results>/<profile>/
+precision.json``); the first job that resolves ``auto`` on a CPU measures and creates the record (exclusively: of two
+jobs starting at once, one writes and the other adopts its decision), and every later job, every resume included,
+adopts it without measuring. Deleting the file lets the next job decide again; a checkpoint keeps the arithmetic it
+was trained in (a resume in another one refuses, :func:`opdgrpo.train.checkpoint.check_precision`). On a GPU the
+decision is the device's bfloat16 support, the same in every job, so no record is read. Outside the workflow
+(``opdgrpo train`` by hand, tests) each process decides for itself.
+
+The decision (and its measurement, or the record it came from) goes into ``done.json`` beside the numerics
+fingerprint (:func:`opdgrpo.train.numerics.report`). A run's config keeps ``auto``, so moving a results folder between
+machines reruns nothing; the verdicts are what should travel (docs/speed.md, "Precision per machine").
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import logging
+import os
 import platform
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from opdgrpo import schema
+from opdgrpo.job_identity import PRECISION_RECORD_ENV
 
 #: bf16 must beat float32 by this factor to be chosen (a speed-up smaller than this is within job-to-job noise).
 MARGIN = 1.25
@@ -36,7 +51,12 @@ MARGIN = 1.25
 PROBE_SHAPE = (1024, 256, 768)
 REPEATS = 5
 
+#: The environment variable naming the DAG's precision record (exported by the workflow's rules).
+RECORD_ENV = PRECISION_RECORD_ENV
+
 _decision: dict[str, Any] = {}
+_adopted: dict[str, tuple[str, dict[str, Any]]] = {}   # record path -> this process's decision from it
+log = logging.getLogger("opdgrpo.train.precision")
 
 
 def choices() -> list[str]:
@@ -52,13 +72,52 @@ def check(precision: str, key: str = "train.precision") -> str:
 def resolve(precision: str, device: torch.device | str = "cpu", key: str = "train.precision") -> str:
     """``bf16`` or ``fp32``: ``precision`` itself unless it is ``auto``; the decision is recorded for ``done.json``."""
     check(precision, key)
-    if precision == "auto":
-        chosen, why = _auto(torch.device(device).type, torch.get_num_threads())
+    device_type = torch.device(device).type
+    record = os.environ.get(RECORD_ENV)
+    if precision == "auto" and device_type == "cpu" and record:
+        chosen, why = _dag_decision(Path(record), torch.get_num_threads())
+    elif precision == "auto":
+        chosen, why = _auto(device_type, torch.get_num_threads())
     else:
         chosen, why = precision, {"reason": "set explicitly"}
     _decision.clear()
     _decision.update({"requested": precision, "resolved": chosen, "key": key, **why})
     return chosen
+
+
+def _dag_decision(record: Path, threads: int) -> tuple[str, dict[str, Any]]:
+    """The DAG's decision from ``record``, made (measured and written exclusively) by the first job to need it; read
+    once per process, so a record deleted while a job runs changes nothing in that job."""
+    if str(record) not in _adopted:
+        _adopted[str(record)] = _read_or_make(record, threads)
+    return _adopted[str(record)]
+
+
+def _read_or_make(record: Path, threads: int) -> tuple[str, dict[str, Any]]:
+    if not record.is_file():
+        chosen, why = _auto("cpu", threads)
+        entry = {"resolved": chosen, **why, "decided_by": {"pid": os.getpid(), "host": platform.node(),
+                                                          "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}}
+        record.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(record, "x") as handle:   # exclusive: of two jobs starting at once, one writes
+                json.dump(entry, handle, indent=1, sort_keys=True)
+                handle.write("\n")
+            return chosen, {**why, "record": str(record), "record_written": True}
+        except FileExistsError:
+            pass   # another job decided first: adopt its decision below
+    try:
+        entry = json.loads(record.read_text())
+        chosen = check(str(entry["resolved"]), RECORD_ENV)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{record}: the DAG's precision record is unreadable ({err}); delete it and the next job "
+                         "decides again (a checkpoint keeps the arithmetic it was trained in)") from None
+    native, flags = native_bf16()
+    if chosen == "bf16" and not native:
+        log.warning("%s decides bf16, but this CPU has %s: bfloat16 is emulated here, several times slower than "
+                    "float32; delete the record to decide again on this machine", record, flags)
+    return chosen, {"reason": f"the DAG's decision ({record}): {entry.get('reason', '')}", "record": str(record),
+                    "capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def report() -> dict[str, Any]:
@@ -68,6 +127,7 @@ def report() -> dict[str, Any]:
 
 def reset() -> None:
     _decision.clear()
+    _adopted.clear()
     _auto.cache_clear()
 
 
