@@ -165,8 +165,8 @@ def _rows(run: str, seed: int, points: list[tuple[float, dict[str, float]]]) -> 
 
 def _cell_runs(cell: dict, seed: int, cheap: bool, collapse: bool) -> list[dict]:
     """Joint GRPO rises to 0.5; the experts cost 100 each; the distillation reaches 0.5 (``cheap``) or never; on the
-    3-point smoothed curves joint GRPO reaches 0.5 at 1500 FLOPs and the distillation at 150, so the savings are
-    1 - (200 + 150) / 1500. The external OPD keeps its step-0 accuracy or loses it (``collapse``)."""
+    3-point trailing smoothed curves joint GRPO reaches 0.5 at 2000 FLOPs and the distillation at 200, so the savings
+    are 1 - (200 + 200) / 2000. The external OPD keeps its step-0 accuracy or loses it (``collapse``)."""
     both = lambda x: {"math": x, "code": x}  # noqa: E731
     joint = [(0, both(0.2)), (500, both(0.35)), (1000, both(0.5)), (1500, both(0.5)), (2000, both(0.5))]
     distill = [(0, both(0.2)), (50, both(0.45)), (100, both(0.5)), (150, both(0.5)), (200, both(0.5))]
@@ -198,12 +198,12 @@ def test_the_map_table_has_one_row_per_cell_with_intervals():
     assert len(frame) == 4
     by = {(r["thinking_fraction"], r["interference"]): r for _, r in frame.iterrows()}
     paid = by[(1.0, 0.5)]
-    assert paid["savings"] == pytest.approx(1 - 350 / 1500) and paid["matched"] == "3/3" and paid["savings_sign"] == "positive"
-    # the distillation never reaches joint GRPO's 0.5: each seed's savings are at most 1 - (200 + 200) / 1500, a
+    assert paid["savings"] == pytest.approx(1 - 400 / 2000) and paid["matched"] == "3/3" and paid["savings_sign"] == "positive"
+    # the distillation never reaches joint GRPO's 0.5: each seed's savings are at most 1 - (200 + 200) / 2000, a
     # bound that does not settle the sign
     never = by[(1.0, 0.0)]
     assert never["matched"] == "0/3" and never["savings_sign"] == "inconclusive"
-    assert never["readings"] == ", ".join(["<= 73.3%"] * 3)
+    assert never["readings"] == ", ".join(["<= 80.0%"] * 3)
     assert by[(0.0, 0.0)]["collapse"] == "math+code" and by[(1.0, 0.0)]["collapse"] == "none"
     kept = by[(1.0, 0.5)]
     assert kept["math_base"] == pytest.approx(0.3) and kept["math_final"] == pytest.approx(0.31)
@@ -211,13 +211,13 @@ def test_the_map_table_has_one_row_per_cell_with_intervals():
     assert by[(0.0, 0.5)]["retention"] == pytest.approx(0.02 / 0.3)
     text = map_markdown(frame, instances[0])
     table = [line for line in text.splitlines() if line.startswith("| ") and "interference" not in line]
-    assert len(table) == 4 and "+76.7%" in text and "math+code" in text
+    assert len(table) == 4 and "+80.0%" in text and "math+code" in text
 
 
 def test_each_budget_reads_the_distillation_cut_at_its_step():
     """Budgets 10 and 40 on the synthetic curves (evaluations every 10 steps, 50 FLOPs apart): at 40 the whole run,
-    as without budgets; at 10 the distillation's cut curve (0.2, 0.45: 0.325 smoothed) never reaches joint GRPO's
-    0.5, so each seed gives the bound 1 - (200 + 50) / 1500."""
+    as without budgets; at 10 the distillation's cut curve (0.2, 0.45: 0.2, 0.325 smoothed) never reaches joint GRPO's
+    0.5, so each seed gives the bound 1 - (200 + 50) / 2000."""
     instances, curves = synthetic_map()
     whole = map_frame(instances, curves, {})
     for inst in instances:
@@ -225,8 +225,8 @@ def test_each_budget_reads_the_distillation_cut_at_its_step():
     frame = map_frame(instances, curves, {})
     assert len(frame) == 2 * len(whole) and list(frame["distill_steps"][:2]) == [10, 40]
     by = {(r["thinking_fraction"], r["interference"], r["distill_steps"]): r for _, r in frame.iterrows()}
-    assert by[(1.0, 0.5, 40)]["savings"] == pytest.approx(1 - 350 / 1500)
-    assert by[(1.0, 0.5, 10)]["readings"] == ", ".join(["<= 83.3%"] * 3)
+    assert by[(1.0, 0.5, 40)]["savings"] == pytest.approx(1 - 400 / 2000)
+    assert by[(1.0, 0.5, 10)]["readings"] == ", ".join(["<= 87.5%"] * 3)
     assert by[(1.0, 0.5, 10)]["collapse"] == by[(1.0, 0.5, 40)]["collapse"]
     text = map_markdown(frame, instances[0])
     assert len([line for line in text.splitlines() if line.startswith("| 0.5 | 1 | 10 |")]) == 1
@@ -234,7 +234,7 @@ def test_each_budget_reads_the_distillation_cut_at_its_step():
     assert len(fig.axes) == 6   # a savings map per budget, the collapse map, and their colour bars
     # a cell with no mean shows every seed's reading, one per line, so three bounds fit the cell's width
     labels = [t.get_text() for t in fig.axes[0].texts]
-    assert any(label.startswith("\n".join(["<= 83.3%"] * 3) + "\n") for label in labels), labels
+    assert any(label.startswith("\n".join(["<= 87.5%"] * 3) + "\n") for label in labels), labels
 
 
 def test_one_seed_gives_values_without_intervals():

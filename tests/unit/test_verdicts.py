@@ -31,6 +31,8 @@ from opdgrpo.report.matching import (
     mix_se,
     smooth,
 )
+from opdgrpo.report.savings import first_crossing_flops
+from opdgrpo.report.studies import REPORTS
 from opdgrpo.runio import append_jsonl, write_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,13 +41,31 @@ K = 4                                                              # avg@4: the 
 
 
 # ------------------------------------------------------------------------------------------------- the rule itself
-def test_centred_moving_average_by_hand_truncated_at_the_ends_and_skipping_nan():
-    assert smooth([0.0, 0.3, 0.6, 0.3], 3) == pytest.approx([0.15, 0.3, 0.4, 0.45])
+def test_trailing_moving_average_by_hand_truncated_at_the_start_and_skipping_nan():
+    assert smooth([0.0, 0.3, 0.6, 0.3], 3) == pytest.approx([0.0, 0.15, 0.3, 0.4])
     assert smooth([0.1, 0.2], 1) == [0.1, 0.2]
     out = smooth([0.0, math.nan, 0.6, 0.3], 3)  # the NaN point stays NaN and is no neighbour
-    assert math.isnan(out[1]) and out[0] == pytest.approx(0.3) and out[2] == pytest.approx(0.3)
+    assert math.isnan(out[1]) and out[0] == 0.0 and out[2] == pytest.approx(0.3) and out[3] == pytest.approx(0.3)
     with pytest.raises(ValueError, match="odd"):
         smooth([0.1], 2)
+
+
+@pytest.mark.parametrize("window", [1, 3, 5])
+def test_smoothing_never_looks_ahead(window):
+    """A point is unchanged by anything measured after it: a high step-20 evaluation does not move the 0-FLOP point,
+    and no later point moves an earlier one."""
+    low, high = [0.05, 0.06, 0.07, 0.08], [0.05, 0.60, 0.07, 0.08]
+    assert smooth(high, window)[0] == smooth(low, window)[0] == 0.05
+    ramp = [0.05, 0.10, 0.15, 0.20, 0.25]
+    for cut in range(1, len(ramp)):
+        assert smooth(ramp[:cut], window) == pytest.approx(smooth(ramp, window)[:cut])
+
+
+def test_a_run_that_rises_by_step_20_does_not_reach_its_target_at_0_flops():
+    # step 0 at 5%, 30% from step 20 on: the first smoothed point is step 0's, so the crossing of 25% is past 0 FLOPs
+    flops, acc = [0.0, 10.0, 20.0, 30.0], [0.05, 0.30, 0.30, 0.30]
+    crossing = first_crossing_flops(flops, smooth(acc, 3), 0.25)
+    assert crossing is not None and crossing > 20.0   # a centred window crossed it near 14
 
 
 def test_standard_error_formula_of_a_mix():
@@ -278,3 +298,51 @@ def test_a_conditions_gain_is_measured_from_the_runs_unsmoothed_start(tmp_path):
              "mean_response_length": 8.0} for step, acc in [(0, 0.2), (20, 0.3), (40, 0.3), (60, 0.3)]]
     start, best, se = _gain(pd.DataFrame(rows, columns=CURVE_COLUMNS), "e", ["code"], 3, tmp_path)
     assert (start, best) == (pytest.approx(0.2), pytest.approx(0.3)) and se is None   # no evals.jsonl: sizes unknown
+
+
+# ------------------------------------------------------------------------------------------ S3 at 0 FLOPs and beyond
+def _s3_curves(grpo: list[float], n1: list[float], n8: list[float]) -> pd.DataFrame:
+    """Math curves evaluated every 10 steps: GRPO (also the teacher) 10 FLOPs a step, OPD n=1 1, OPD n=8 4."""
+    rows = []
+    for run, accs, per_step in (("grpo", grpo, 10.0), ("opd1", n1, 1.0), ("opd8", n8, 4.0)):
+        for i, acc in enumerate(accs):
+            rows.append({"run": run, "study": "S3", "method": "grpo" if run == "grpo" else "opd",
+                         "train_domains": "math", "seed": 0, "step": 10 * i, "cumulative_flops": 10 * i * per_step,
+                         "eval_domain": "math", "eval_set": "amc", "accuracy": acc, "mean_response_length": 5.0})
+    return pd.DataFrame(rows)
+
+
+S3_ENTRY = {"domain": "math", "grpo": "grpo", "teacher": "grpo", "opd": {"1": "opd1", "8": "opd8"},
+            "tolerance_se": 0.0, "smooth_window": 3}
+
+
+def test_s3_a_rise_by_step_10_is_not_a_crossing_at_0_flops():
+    """Step 0 far below the teacher (30%), a lucky 60% at step 10: a centred window put the mean of steps 0 and 10
+    (32.5%) at 0 FLOPs, so GRPO 'reached' the teacher for free and the ratio's log(0) crashed the claim. Now the
+    0-FLOP point is step 0 alone and every crossing lies between steps 0 and 10, interpolated on the trailing mean."""
+    curves = _s3_curves([0.05, 0.60, 0.30, 0.30, 0.30], [0.05, 0.90, 0.90, 0.90], [0.05, 0.90, 0.90, 0.90])
+    found = REPORTS["S3"].evaluate(dict(S3_ENTRY), curves, {})
+    ours, verdict, margin, _ = found["S3-n1"]
+    f_grpo, f_opd = 100 * 0.25 / 0.275, 10 * 0.25 / 0.425      # GRPO 5% -> 32.5%, OPD 5% -> 47.5% over 10 steps
+    assert verdict == "holds" and margin == pytest.approx(math.log(f_grpo / f_opd))
+    assert "no better" not in ours + verdict and "step 0" not in ours and found["S3-n8"][1] == "holds"
+
+
+def test_s3_grpo_at_the_teacher_from_step_0_gives_a_verdict_not_a_crash():
+    """Step 0 within tolerance of the teacher: GRPO reaches it at 0 FLOPs. No log(0): both claims are undefined for
+    this seed, and the reason names the step-0 accuracy against the teacher's."""
+    flat = [0.30, 0.30, 0.31, 0.30, 0.30]   # the teacher: 30.3% smoothed, reached within 1 point: at >= 29.3%
+    found = REPORTS["S3"].evaluate(dict(S3_ENTRY, tolerance=1.0), _s3_curves(flat, [0.2, 0.3, 0.3, 0.3], [0.2, 0.25, 0.3, 0.3]), {})
+    for cid in ("S3-n1", "S3-n8"):
+        ours, verdict = found[cid][:2]
+        assert verdict.startswith("not measured: the teacher is no better than the initial student: GRPO's step 0")
+        assert "30.0%" in verdict and "step 0 (0 FLOPs)" in ours
+
+
+def test_s3_teacher_far_above_step_0_is_never_called_no_better_than_the_start():
+    """OPD's step 0 is far below the teacher while its step 10 is above: the 0-FLOP point is step 0 alone, so the
+    teacher is not 'no better than the initial student'; OPD's crossing lies between steps 0 and 10."""
+    curves = _s3_curves([0.05, 0.10, 0.20, 0.30, 0.30], [0.05, 0.90, 0.90, 0.90], [0.05, 0.90, 0.90, 0.90])
+    found = REPORTS["S3"].evaluate(dict(S3_ENTRY), curves, {})
+    assert all("no better" not in found[cid][1] for cid in ("S3-n1", "S3-n8"))
+    assert found["S3-n1"][1] == "holds" and found["S3-n1"][2] > 0

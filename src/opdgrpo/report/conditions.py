@@ -14,8 +14,8 @@ rests on a world that meets them:
   student matches its experts).
 
 Gains are the best of the smoothed curve (the study's ``smooth_window``) minus the run's start, its step-0
-evaluation unsmoothed: the base model every run of a seed starts from, whose smoothed first point would average in
-step 20, by which most of a rise has happened. In standard errors of one evaluation point at the best
+evaluation: the base model every run of a seed starts from (the trailing window's first point is that evaluation
+itself; a centred window averaged in step 20, by which most of a rise has happened). In standard errors of one evaluation point at the best
 (:func:`opdgrpo.report.matching.mix_se`, from each run's recorded held-out sizes and the design effect its pass@2
 gives: errors clustered by prompt).
 """

@@ -5,11 +5,13 @@ target picks the luckiest draw (biased upward), and taking the first point at or
 lucky draw (biased early). The rule below reads targets and crossings from smoothed curves and counts a curve as
 having reached a target when it comes within the evaluation's own noise of it:
 
-* **Smoothing.** Every accuracy curve is replaced by its centred moving average over ``smooth_window`` (odd, default
-  3) evaluation points: point i becomes the mean of the valid points i-h .. i+h, h = (window - 1) / 2, the window
-  truncated at the ends of the curve (the first point averages itself and the next h, the last itself and the
-  previous h). Points whose accuracy is NaN (a domain missing at that point) stay NaN and are skipped as neighbours.
-  ``smooth_window`` = 1 is the raw curve.
+* **Smoothing.** Every accuracy curve is replaced by its trailing moving average over ``smooth_window`` (odd,
+  default 3) evaluation points: point i becomes the mean of the valid points i-w+1 .. i, the window truncated at the
+  start (the first point is the first evaluation itself, the second the mean of the first two). A smoothed point so
+  averages only what was measured at or before its own step and FLOPs: nothing placed at 0 FLOPs was measured later
+  (a centred window put the mean of steps 0 and 20 at 0 FLOPs, and a run that reached a target by step 20 read as
+  reaching it for free). Points whose accuracy is NaN (a domain missing at that point) stay NaN and are skipped as
+  neighbours. ``smooth_window`` = 1 is the raw curve.
 * **Standard error of one evaluation point.** A held-out set with n prompts and k samples per prompt scores avg@k, a
   mean of n*k rewards that are not independent: the k samples of one prompt share its difficulty. With q_i the
   chance of solving prompt i and p their mean, the variance of avg@k is (Var(q) + E[q (1 - q)] / k) / n, between
@@ -37,11 +39,13 @@ having reached a target when it comes within the evaluation's own noise of it:
   (1 by default). Both sides of a comparison get the same slack (the joint run's FLOPs to the target are read at
   the same threshold as the distillation's), so the slack does not favour either method.
 
-Why these defaults (chosen before looking at any verdict): a window of 3 is the smallest centred window; it averages
-the target over three draws (its noise shrinks by about sqrt(3)) while lagging a rising curve by at most one
-evaluation interval, and the shortest curves (a distillation of 100 steps evaluated every 10) have 11 points, so a
-wider window would blur most of their rise. One standard error says "a difference smaller than one evaluation's
-noise is not a difference", the weakest tolerance that still stops a lucky draw from deciding a verdict.
+Why these defaults (chosen before looking at any verdict): a window of 3 averages a target over three draws (its
+noise shrinks by about sqrt(3)); a trailing mean of a rising curve lags it by one evaluation interval on average
+((w - 1) / 2), the same lag for both sides of a comparison, and the shortest curves (a distillation of 100 steps
+evaluated every 10) have 11 points, so a wider window would blur most of their rise. The window stays odd: its mean
+then estimates the curve at an evaluation point, (w - 1) / 2 intervals back. One standard error says "a difference
+smaller than one evaluation's noise is not a difference", the weakest tolerance that still stops a lucky draw from
+deciding a verdict.
 """
 
 from __future__ import annotations
@@ -109,23 +113,25 @@ class MatchRule:
 
 
 def smooth(accuracy: Sequence[float], window: int) -> list[float]:
-    """Centred moving average over ``window`` (odd) valid points, truncated at the ends; NaN points stay NaN."""
+    """Trailing moving average over ``window`` (odd) valid points, truncated at the start; NaN points stay NaN.
+
+    Trailing, not centred, so a smoothed point never looks ahead: the first point is the first evaluation itself and
+    no point averages in an evaluation measured after it (module docstring)."""
     if window < 1 or window % 2 == 0:
         raise ValueError(f"smooth_window must be an odd integer >= 1, got {window}")
     values = [float(a) for a in accuracy]
     valid = [i for i, a in enumerate(values) if not math.isnan(a)]
-    h = (window - 1) // 2
     out = [math.nan] * len(values)
     for j, i in enumerate(valid):
-        around = [values[valid[m]] for m in range(max(0, j - h), min(len(valid), j + h + 1))]
-        out[i] = math.fsum(around) / len(around)
+        behind = [values[valid[m]] for m in range(max(0, j - window + 1), j + 1)]
+        out[i] = math.fsum(behind) / len(behind)
     return out
 
 
 def start_of(accuracy: Sequence[float]) -> float:
     """A run's start, where its gains are measured from: its first complete evaluation, unsmoothed. Every run of a
-    seed starts from the same base model, evaluated with the same draws; a smoothed first point would average in the
-    rise to the next evaluation (docs/method.md, "The default world, second revision")."""
+    seed starts from the same base model, evaluated with the same draws; with the trailing window it is also the
+    smoothed curve's first point (docs/method.md, "The default world, second revision")."""
     return next(float(a) for a in accuracy if not math.isnan(float(a)))
 
 

@@ -4,7 +4,7 @@ This is our own implementation of DESIGN.md's "Matched-FLOP savings" contract (t
 the definitions below are the contract's, made precise where it leaves room:
 
 * A domain's accuracy is the mean of its held-out sets; the mix accuracy is the mean of the mix's domains
-  (:func:`opdgrpo.report.curves.mix_accuracy`). Curves are *smoothed* (a centred moving average over
+  (:func:`opdgrpo.report.curves.mix_accuracy`). Curves are *smoothed* (a trailing moving average over
   ``smooth_window`` evaluation points, :mod:`opdgrpo.report.matching`): a best single point would pick the luckiest
   of many noisy draws.
 * **Reading at a target T**: threshold = T - slack, slack = ``tolerance``/100 + ``tolerance_se`` x SE(T), SE the
@@ -22,7 +22,7 @@ the definitions below are the contract's, made precise where it leaves room:
   pays FLOPs for nothing the joint run lacks. ``savings_bound`` says which ("" for a figure).
 * **Two directions.** The paper's: T = joint GRPO's best smoothed mix accuracy. It is quoted only when joint GRPO
   gained at least ``min_joint_gain_se`` standard errors of one evaluation (3 by default) over its start, its
-  step-0 evaluation unsmoothed (the base model; a smoothed first point would average in the rise to step 20): below
+  step-0 evaluation (the base model; the trailing window's first point is that evaluation itself): below
   that its best is noise around its start, its FLOPs to it are near 0 and the savings are ill-conditioned (a
   1.75-point gain gave -308%). Otherwise the comparison is read the other way: T = the distillation's best
   smoothed mix accuracy, and joint GRPO's FLOPs to reach it. Every seed so gets a figure or a bound; ``direction``
@@ -382,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--smooth-window", type=int, default=DEFAULT_SMOOTH_WINDOW, metavar="POINTS",
-        help=f"centred moving average over this many (odd) evaluation points; 1: raw; default {DEFAULT_SMOOTH_WINDOW}",
+        help=f"trailing moving average over this many (odd) evaluation points; 1: raw; default {DEFAULT_SMOOTH_WINDOW}",
     )
     p.add_argument(
         "--tolerance-se", type=float, default=DEFAULT_TOLERANCE_SE, metavar="SE",

@@ -129,9 +129,9 @@ def matching_keys(block: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_smooth_window(cfg: Mapping[str, Any], name: str) -> None:
-    """``studies.<name>.smooth_window`` must be odd: the moving average is centred on each evaluation point."""
+    """``studies.<name>.smooth_window`` must be odd: its trailing mean then sits on an evaluation point."""
     from opdgrpo.config import ConfigError
 
     window = cfg["studies"][name].get("smooth_window")
     if window is not None and window % 2 == 0:
-        raise ConfigError(f"config key `studies.{name}.smooth_window` must be odd (a centred window), got {window}")
+        raise ConfigError(f"config key `studies.{name}.smooth_window` must be odd (a trailing mean on an evaluation point), got {window}")

@@ -28,7 +28,7 @@ class ComparisonEntry(TypedDict):
     title: str
     comparisons: list[Comparison]
     base_length_run: NotRequired[str | None]   # never planned; a hand-written spec may name the base student's run
-    smooth_window: NotRequired[int]            # peaks read from centred moving averages over this many points
+    smooth_window: NotRequired[int]            # peaks read from trailing moving averages over this many points
 
 
 class ComparisonStudy(Study[ComparisonEntry]):
@@ -37,7 +37,7 @@ class ComparisonStudy(Study[ComparisonEntry]):
     run_keys = frozenset({"grpo", "opd", "teacher", "base_length_run"})
 
     def validate(self, cfg: dict[str, Any]) -> None:
-        """``smooth_window`` must be odd (a centred window); the schema checked the rest."""
+        """``smooth_window`` must be odd (a trailing mean on an evaluation point); the schema checked the rest."""
         check_smooth_window(cfg, self.name)
 
     def cost_rows(self, entry: ComparisonEntry, sheet: CostSheet) -> None:

@@ -37,7 +37,7 @@ class ConsolidationEntry(TypedDict):
     distill: str          # multi-teacher OPD of the experts
     experts: list[str]    # one GRPO run per domain, in ``domains`` order
     tolerance: float      # accuracy points below the joint target still counted as matched
-    smooth_window: NotRequired[int]       # evaluation points in the centred moving average (absent: the default)
+    smooth_window: NotRequired[int]       # evaluation points in the trailing moving average (absent: the default)
     tolerance_se: NotRequired[float]      # standard errors of one evaluation below the target still matched
     min_joint_gain_se: NotRequired[float]  # joint GRPO's best is the target only past this gain (standard errors)
     share_threshold: NotRequired[float]   # <S>-share holds below this distillation / experts share
@@ -75,7 +75,7 @@ class ConsolidationStudy(Study[ConsolidationEntry]):
     }
 
     def validate(self, cfg: dict[str, Any]) -> None:
-        """``smooth_window`` must be odd (a centred window); the schema checked the rest."""
+        """``smooth_window`` must be odd (a trailing mean on an evaluation point); the schema checked the rest."""
         check_smooth_window(cfg, self.name)
 
     def plan(self, planner: Planner, s: Mapping[str, Any], seed: int) -> ConsolidationEntry:

@@ -4,7 +4,7 @@ distillation restarts from the base student with each of ``rollouts_per_prompt``
 Every curve is read smoothed and a target counts as reached within the evaluation's noise
 (:mod:`opdgrpo.report.matching`, keys ``smooth_window``, ``tolerance_se``, ``tolerance``): the teacher's accuracy =
 the spec's teacher run's smoothed accuracy at its final evaluation point, on the study's domain (the mean of its last
-(window + 1) / 2 points); ``F_grpo`` / ``F_opd(n)`` = FLOPs at which the smoothed curve of the GRPO run / of the OPD
+``window`` points); ``F_grpo`` / ``F_opd(n)`` = FLOPs at which the smoothed curve of the GRPO run / of the OPD
 run with ``n`` rollouts per prompt first reaches that accuracy less the slack (``tolerance``/100 + ``tolerance_se``
 x SE, the standard error of one evaluation on the domain's held-out sets, clustered by prompt), linearly interpolated.
 ratio(n) = F_grpo / F_opd(n). The teacher's own GRPO FLOPs are excluded, as in the paper.
@@ -14,8 +14,8 @@ ratio(n) = F_grpo / F_opd(n). The teacher's own GRPO FLOPs are excluded, as in t
 
 If GRPO never reaches it, F_grpo > its final FLOPs is used as a bound; ratio(n_min) > ratio(n_max) is then still
 decided, as it is equivalent to F_opd(n_min) < F_opd(n_max). An OPD run that never reaches it fails its test
-(ratio 0); a teacher no better than the initial student (reached at 0 FLOPs) makes the ratio undefined: "not
-measured".
+(ratio 0); a run that reaches the teacher at its step-0 evaluation (smoothing only looks back, so only where the
+initial student is within tolerance of the teacher) makes the ratios undefined: "not measured", naming that step 0.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class S3Entry(TypedDict):
     teacher: str                 # ... which is also the self-teacher
     opd: dict[str, str]          # rollouts per prompt (as a string) -> OPD run
     tolerance: NotRequired[float]  # accuracy points below the teacher still counted as reaching it
-    smooth_window: NotRequired[int]  # evaluation points in the centred moving average (absent: the default)
+    smooth_window: NotRequired[int]  # evaluation points in the trailing moving average (absent: the default)
     tolerance_se: NotRequired[float]  # standard errors of one evaluation below the teacher still counted
     eval_sizes: NotRequired[dict[str, dict[str, list[float]]]]  # the teacher run's held-out sizes (attached by the report)
 
@@ -81,7 +81,7 @@ class S3(Study[S3Entry]):
         return S3Entry(title=s["title"], domain=d, grpo=grpo.id, teacher=grpo.id, opd=opd, **matching_keys(s))
 
     def validate(self, cfg: dict[str, Any]) -> None:
-        """``smooth_window`` must be odd (a centred window); the schema checked the rest."""
+        """``smooth_window`` must be odd (a trailing mean on an evaluation point); the schema checked the rest."""
         check_smooth_window(cfg, self.name)
 
     def cost_rows(self, entry: S3Entry, sheet: CostSheet) -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from opdgrpo.plan.studies.s3 import S3Entry
 from opdgrpo.report.curves import domain_curve, format_flops, format_pct
-from opdgrpo.report.matching import MatchRule, eval_sizes, mix_se, smooth
+from opdgrpo.report.matching import MatchRule, eval_sizes, mix_se, smooth, start_of
 from opdgrpo.report.plots import STEP0_CAPTION, Panel, render
 from opdgrpo.report.savings import first_crossing_flops
 from opdgrpo.report.uncertainty import FAILS, HOLDS, UNMEASURED
@@ -50,26 +50,34 @@ class S3Report(StudyReport[S3Entry]):
                  savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
         """FLOPs to the self-teacher's accuracy, OPD (n rollouts) vs GRPO (see the module docstring)."""
         domain, rule = entry["domain"], MatchRule.of(entry)
-
-        def reached(run: str) -> float | None:
-            c = domain_curve(curves, run, domain)
-            return first_crossing_flops(c["cumulative_flops"], smooth(c["accuracy"].tolist(), rule.window), target)
-
         teacher_acc = smooth(domain_curve(curves, entry["teacher"], domain)["accuracy"].tolist(), rule.window)[-1]
         se = mix_se(teacher_acc, entry.get("eval_sizes"), [domain])
         target = teacher_acc - rule.slack(se)
-        f_grpo = reached(entry["grpo"])
+        step0: dict[str, str] = {}
+
+        def reached(run: str, who: str) -> float | None:
+            c = domain_curve(curves, run, domain)
+            acc = c["accuracy"].tolist()
+            flops = first_crossing_flops(c["cumulative_flops"], smooth(acc, rule.window), target)
+            start = start_of(acc)
+            if flops is not None and flops <= 0 and start >= target:  # step 0 itself within tolerance of the teacher
+                step0[who] = (f"the teacher is no better than the initial student: {who}'s step 0, "
+                              f"{format_pct(start)}, is within tolerance of the teacher's {format_pct(teacher_acc)} "
+                              f"(reached at >= {format_pct(target)})")
+            return flops
+
+        f_grpo = reached(entry["grpo"], "GRPO")
         grpo_total = float(domain_curve(curves, entry["grpo"], domain)["cumulative_flops"].iloc[-1])
         se_txt = f", 1 SE = {100 * se:.2f} pts" if se is not None else ""
         head = (f"teacher ({entry['teacher']}) {format_pct(teacher_acc)} (smoothed over {rule.window} points; reached "
                 f"at >= {format_pct(target)}{se_txt}); GRPO reached it at ") + (
-            format_flops(f_grpo) if f_grpo is not None else f"never (> {format_flops(grpo_total)})"
+            _at(f_grpo) if f_grpo is not None else f"never (> {format_flops(grpo_total)})"
         )
         opd_runs = sorted(entry.get("opd", {}).items(), key=lambda kv: int(str(kv[0])))
         if not opd_runs:
             return {}
-        f_opd = {int(str(n)): reached(run) for n, run in opd_runs}
-        ratios = _Ratios(f_grpo, grpo_total, f_opd)
+        f_opd = {int(str(n)): reached(run, f"OPD n={n}") for n, run in opd_runs}
+        ratios = _Ratios(f_grpo, grpo_total, f_opd, step0)
         n1 = int(str(opd_runs[0][0]))
         out: Verdicts = {"S3-n1": ratios.n1_verdict(head, n1)}
         if len(opd_runs) > 1:
@@ -77,19 +85,39 @@ class S3Report(StudyReport[S3Entry]):
         return out
 
 
+def _at(flops: float) -> str:
+    """Where a curve reached the teacher: its FLOPs, or "step 0" (its first evaluation, before any training)."""
+    return "step 0 (0 FLOPs)" if flops <= 0 else format_flops(flops)
+
+
 class _Ratios:
-    """S3's FLOP ratios to the teacher's accuracy: F_grpo (or GRPO's total as a bound) over F_opd(n)."""
-    def __init__(self, f_grpo: float | None, grpo_total: float, f_opd: dict[int, float | None]):
+    """S3's FLOP ratios to the teacher's accuracy: F_grpo (or GRPO's total as a bound) over F_opd(n).
+
+    A run that reaches the teacher at its step-0 evaluation (``step0``: who -> why) leaves the ratios undefined: with
+    smoothing that only looks back, that happens only where the initial student already is within tolerance of the
+    teacher, so there is nothing to reach and neither method costs anything (no ratio of 0 or infinity, no log(0))."""
+    def __init__(self, f_grpo: float | None, grpo_total: float, f_opd: dict[int, float | None],
+                 step0: Mapping[str, str] | None = None):
         self.f_grpo, self.grpo_total, self.f_opd = f_grpo, grpo_total, f_opd
+        self.step0 = dict(step0 or {})
+
+    def at_start(self, *ns: int) -> str | None:
+        """Why the ratios of ``ns`` are undefined: GRPO or OPD(n) reached the teacher at step 0; None otherwise."""
+        for who in ("GRPO", *(f"OPD n={n}" for n in ns)):
+            if who in self.step0:
+                return self.step0[who]
+        zero = [n for n in ns if self.f_opd[n] is not None and self.f_opd[n] <= 0]
+        if zero or (self.f_grpo is not None and self.f_grpo <= 0):
+            return "a run reached the teacher at its first evaluation, before any training"
+        return None
 
     def text(self, n: int) -> tuple[str, float | None, str | None]:
         """(text, ratio or lower bound, reason it is undefined)."""
         fo = self.f_opd[n]
         if fo is None:
             return f"OPD n={n} never reached it", None, f"OPD with {n} rollout(s)/prompt never reached the teacher"
-        if fo <= 0:
-            return (f"OPD n={n} at 0 FLOPs", None,
-                    "the teacher is no better than the initial student (reached at 0 FLOPs)")
+        if fo <= 0 or (self.f_grpo is not None and self.f_grpo <= 0):
+            return f"OPD n={n} at {_at(fo)}, no ratio", None, self.at_start(n)
         if self.f_grpo is None:
             r = self.grpo_total / fo
             return f"OPD n={n} at {format_flops(fo)}, ratio > {r:.1f}x", r, None
@@ -99,10 +127,11 @@ class _Ratios:
     def n1_verdict(self, head: str, n1: int) -> tuple:
         """S3-n1: ratio(n_min) > 1."""
         text1, r1, why1 = self.text(n1)
-        if why1 is not None and self.f_opd[n1] is None:
-            return (f"{head}; {text1}", f"{FAILS}: {why1}")
+        zero = self.at_start(n1)
+        if zero is not None:
+            return (f"{head}; {text1}", f"{UNMEASURED}: {zero}")
         if why1 is not None:
-            return (f"{head}; {text1}", f"{UNMEASURED}: {why1}")
+            return (f"{head}; {text1}", f"{FAILS}: {why1}")
         return (f"{head}; {text1}", HOLDS if r1 > 1 else f"{FAILS}: ratio {r1:.2f} <= 1", math.log(r1), True)
 
     def n8_verdict(self, head: str, n1: int, n8: int) -> tuple:
@@ -111,10 +140,10 @@ class _Ratios:
         text1, r1, why1 = self.text(n1)
         text8, r8, why8 = self.text(n8)
         ours = f"{head}; {text1}; {text8}"
-        zero = [n for n in (n1, n8) if f_opd[n] is not None and f_opd[n] <= 0]
+        zero = self.at_start(n1, n8)
         never = [n for n in (n1, n8) if f_opd[n] is None]
-        if zero:
-            return (ours, f"{UNMEASURED}: {why1 if n1 in zero else why8}")
+        if zero is not None:
+            return (ours, f"{UNMEASURED}: {zero}")
         if never:  # a run that never reaches the teacher has ratio 0: the n_max test cannot pass
             return (ours, f"{FAILS}: {why1 if n1 in never else why8}")
         # Both ratios share the numerator F_grpo, so ratio(n_min) > ratio(n_max) <=> F_opd(n_min) < F_opd(n_max).
