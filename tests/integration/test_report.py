@@ -241,7 +241,7 @@ def test_build_report_writes_every_contracted_file(world, tmp_path) -> None:
     _, spec_path, runs = world
     out = tmp_path / "report"
     result = build_report(spec_path, runs, out)
-    expected = ["curves.csv", "savings.csv", "savings.md", "claims.md"]
+    expected = ["curves.csv", "savings.csv", "savings.md", "claims.md", "claims_detail.md", "conditions.md"]
     expected += [f"{s}_accuracy.{ext}" for s in ("S1", "S1b", "S3", "S4") for ext in ("png", "pdf")]
     expected += ["S1b_length.png", "S1b_length.pdf"]
     for name in expected:
@@ -283,9 +283,18 @@ def test_build_report_writes_every_contracted_file(world, tmp_path) -> None:
     planned = [ln for ln in table_rows if "is not in the report spec" not in ln]
     studies = json.loads(spec_path.read_text())["studies"]
     assert {ln.split("**")[1] for ln in planned} == {c.id for c in CLAIMS if c.study in studies}
-    assert all(ln.rstrip().endswith("| holds (indicative: one seed) |") for ln in planned), planned
+    verdicts = {ln.split("**")[1]: ln.rstrip(" |").rsplit(" | ", 1)[1] for ln in planned}
+    assert all(v.startswith("holds (indicative: one seed)") for v in verdicts.values()), verdicts
+    # the consolidation claims carry their study's measurability conditions beside the verdict, the others none
+    assert all("conditions" in v for k, v in verdicts.items() if k.startswith("S4"))
+    assert not any("conditions" in v for k, v in verdicts.items() if not k.startswith("S4"))
     assert "Indicative verdicts: one seed" in claims
-    assert "Direction tests" in claims
+    # read in a minute: one short line per claim, every cell under 200 characters; the detail in its own file
+    cells = [c for ln in table_rows for c in ln.strip("|").split(" | ")]
+    assert max(len(c) for c in cells) < 200, max(cells, key=len)
+    detail = (out / "claims_detail.md").read_text()
+    assert "Direction tests" in detail and "Direction tests" not in claims and "claims_detail.md" in claims
+    assert all(f"**{c.id}**" in detail for c in CLAIMS)
 
 
 def test_done_json_final_flops_charged_to_experts(world, tmp_path) -> None:
@@ -334,8 +343,8 @@ def test_s3_ratios_by_hand(tmp_path) -> None:
                                "smooth_window": 1, "tolerance_se": 0.0}}}  # raw points: the hand computation
     md = claims_table(spec, load_curves(spec, runs), [])
     rows = {ln.split("**")[1]: ln for ln in md.splitlines() if ln.startswith("| **")}
-    assert "ratio 50.0x" in rows["S3-n1"] and rows["S3-n1"].endswith("| holds (indicative: one seed) |")
-    assert "ratio 5.0x" in rows["S3-n8"] and rows["S3-n8"].endswith("| holds (indicative: one seed) |")
+    assert "GRPO / OPD n=1: 50.0x |" in rows["S3-n1"] and rows["S3-n1"].endswith("| holds (indicative: one seed) |")
+    assert "GRPO / OPD n=8: 5.0x |" in rows["S3-n8"] and rows["S3-n8"].endswith("| holds (indicative: one seed) |")
     assert "not measured" in rows["S1"] and "`smoke`" in md
     # swap: 8 rollouts cheaper than 1 -> S3-n8 does not hold
     spec["studies"]["S3"]["opd"] = {"1": "o8", "8": "o1"}
@@ -386,7 +395,9 @@ def test_multi_seed_study_entries(world, tmp_path) -> None:
     assert sav["status"].tolist() == ["figure", "upper bound", "figures in 1/2 seeds, bounds or -inf in the others"]
     assert sav["reason"].iloc[2].startswith("seeds: 0: ") and "1: <= " in sav["reason"].iloc[2]
     rows = {ln.split("**")[1]: ln for ln in (out / "claims.md").read_text().splitlines() if ln.startswith("| **")}
-    assert "seed 0:" in rows["S4-savings"] and "seed 1:" in rows["S4-savings"]
+    assert "pipeline / joint GRPO FLOPs: " in rows["S4-savings"] and "(seeds)" in rows["S4-savings"]
+    detail = (out / "claims_detail.md").read_text()
+    assert "seed 0:" in detail and "seed 1:" in detail
     assert "inconclusive: holds for 1/2 seeds" in rows["S4-savings"]  # one seed's figure holds, the other's bound fails
     assert "S4 (seed 1)" in (out / "savings.md").read_text()
     assert (out / "S4_accuracy.png").stat().st_size > 0 and (out / "S4_length.png").stat().st_size > 0

@@ -346,3 +346,63 @@ def test_s3_teacher_far_above_step_0_is_never_called_no_better_than_the_start():
     found = REPORTS["S3"].evaluate(dict(S3_ENTRY), curves, {})
     assert all("no better" not in found[cid][1] for cid in ("S3-n1", "S3-n8"))
     assert found["S3-n1"][1] == "holds" and found["S3-n1"][2] > 0
+
+
+# ----------------------------------------------------------------------- conditions beside verdicts, short cells
+def _cond(study: str, seed: int, condition: str, run: str, met: bool | None, threshold: float) -> dict:
+    return {"study": study, "seed": seed, "condition": condition, "run": run, "met": met, "threshold_se": threshold}
+
+
+def _consolidation_spec() -> dict:
+    s4 = {"domains": ["math", "code"], "joint": "j", "distill": "d", "experts": ["em", "ec"]}
+    s5 = {"domains": ["math", "code", "ifeval"], "joint": "j5", "distill": "d5", "experts": ["em", "ec", "ei"]}
+    return {"profile": "tiny", "runs": [], "studies": {"S4": s4, "S5": s5}}
+
+
+def test_conditions_note_counts_each_kind_and_s5_inherits_the_shared_experts():
+    from opdgrpo.report.conditions import conditions_note, study_conditions
+
+    rows = [_cond("S4", 0, "expert math learns", "em", True, 4.0), _cond("S4", 0, "expert code learns", "ec", True, 4.0),
+            _cond("S4", 0, "joint GRPO learns its mix", "j", True, 3.0),
+            _cond("S4", 0, "distillation reaches the math expert", "d", True, -1.0),
+            _cond("S4", 0, "distillation reaches the code expert", "d", False, -1.0),
+            _cond("S5", 0, "expert ifeval learns", "ei", False, 4.0),
+            _cond("S5", 0, "joint GRPO learns its mix", "j5", True, 3.0)]
+    by = study_conditions(_consolidation_spec(), rows)
+    assert len(by["S4"]) == 5 and len(by["S5"]) == 4          # S5: its own two rows and S4's math and code experts
+    assert conditions_note(by["S4"]) == "conditions unmet: distillation within 1 SE of its experts in 1/2"
+    assert conditions_note(by["S5"]) == "conditions unmet: experts gain 4 SE in 2/3"
+    assert conditions_note(by["S4"][:4]) == "conditions met (4/4)" and conditions_note([]) == ""
+    assert conditions_note([dict(rows[0], met=None)]).endswith("(1 unmeasured: held-out sizes unknown)")
+
+
+def test_unmet_conditions_sit_in_the_verdict_cell_of_claims_md_and_beside_savings():
+    """S4's verdict says its distillation fails the condition; S5 lists none of its own failures when all are met;
+    savings.md reads the savings as a cost ratio, the percentage beside it, with the same conditions."""
+    from opdgrpo.report.build import savings_markdown
+    from opdgrpo.report.claims import claims_table, cost_ratio
+    from opdgrpo.report.conditions import study_conditions
+
+    spec = {"profile": "tiny", "runs": [], "studies": {"S4": {"domains": ["math", "code"], "joint": "j",
+                                                              "distill": "d", "experts": ["em", "ec"]}}}
+    savings = {"study": "S4", "seed": 0, "domains": "math+code", "direction": "joint", "target_accuracy": 0.157,
+               "joint_flops": 5.71e11, "expert_flops": 2.17e12, "distill_flops": None, "pipeline_flops": 3.94e12,
+               "savings": -5.897, "savings_bound": "upper", "savings_sign": "negative", "distill_share": 0.813,
+               "share_bound": "lower", "share_threshold": 0.15, "paper_savings": 0.42, "paper_distill_share": 0.052,
+               "tolerance_points": 0.0, "smooth_window": 3, "tolerance_se": 1.0, "min_joint_gain_se": 3.0,
+               "reason": "the distillation never reached 15.7%"}
+    conditions = [_cond("S4", 0, "distillation reaches the math expert", "d", False, -1.0),
+                  _cond("S4", 0, "expert math learns", "em", True, 4.0)]
+    md = claims_table(spec, pd.DataFrame(columns=["run"]), [savings], conditions)
+    rows = {ln.split("**")[1]: ln for ln in md.splitlines() if ln.startswith("| **")}
+    verdict = rows["S4-savings"].rstrip(" |").rsplit(" | ", 1)[1]
+    assert verdict == ("does not hold (indicative: one seed): the pipeline costs more than joint GRPO; conditions "
+                       "unmet: distillation within 1 SE of its experts in 0/1")
+    assert "| pipeline / joint GRPO FLOPs: >= 6.9x |" in rows["S4-savings"]
+    assert "| distillation / experts' FLOPs: >= 81% |" in rows["S4-share"]
+    assert "conditions" not in rows["S1"] and "not measured" in rows["S1"]
+    assert cost_ratio(-5.897, "upper") == ">= 6.9x (<= -589.7%)" and cost_ratio(0.25) == "0.8x (25.0%)"
+    text = savings_markdown([savings], "tiny", study_conditions(spec, conditions))
+    assert ("- **S4**: pipeline / joint GRPO FLOPs to reach 15.7%: >= 6.9x (<= -589.7%) (paper 0.58x, 42.0%); "
+            "conditions unmet: distillation within 1 SE of its experts in 0/1") in text
+    assert "| >= 6.9x (<= -589.7%) | conditions unmet: distillation within 1 SE of its experts in 0/1 |" in text

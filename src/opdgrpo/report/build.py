@@ -5,7 +5,9 @@ so an interrupted report never leaves a half-written file that Snakemake would t
 
 * ``curves.csv`` -- long form, the contracted columns (:data:`opdgrpo.report.curves.CURVE_COLUMNS`);
 * ``savings.csv`` and ``savings.md`` -- one row per consolidation study present (and seed), matched-FLOP savings;
-* ``claims.md`` -- each paper claim, paper value, ours, holds or not;
+* ``claims.md`` -- one short line per paper claim: paper value, ours as numbers, the verdict with its study's
+  measurability conditions; ``claims_detail.md`` -- every seed's measurement and the direction tests;
+* ``conditions.md`` -- the measurability conditions of the consolidation studies, per seed;
 * ``mfu.md`` -- per run: training FLOPs, wall time of its steps, achieved GFLOP/s, measured peak, MFU;
 * ``<study>_accuracy.png/.pdf`` and ``<study>_length.png/.pdf`` per study.
 
@@ -33,8 +35,8 @@ from matplotlib.figure import Figure
 
 from opdgrpo.plan.studies import REGISTRY
 from opdgrpo.progress import Stages
-from opdgrpo.report.claims import claims_table
-from opdgrpo.report.conditions import conditions_markdown
+from opdgrpo.report.claims import claims_pages, cost_ratio
+from opdgrpo.report.conditions import condition_rows, conditions_markdown, conditions_note, study_conditions
 from opdgrpo.report.constraints import constraints_markdown
 from opdgrpo.report.curves import (
     ReportInputError,
@@ -142,58 +144,80 @@ def seed_summary_row(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return row
 
 
-def savings_markdown(rows: Sequence[Mapping[str, Any]], profile: str) -> str:
-    """savings.md: per study and seed the reading that decides and the other direction's, a figure or a bound."""
+def _saving_cell(r: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+    """A row's savings as a cost ratio with the savings beside it; over seeds, the mean and range or every seed's."""
+    if r.get("seed") != "all":
+        return cost_ratio(r.get("savings"), r.get("savings_bound") or "")
+    if r.get("savings_min") is not None:
+        return (f"{cost_ratio(r['savings'])}, range {1 - r['savings_max']:.1f}x to {1 - r['savings_min']:.1f}x "
+                "over seeds")
+    seeds = [o for o in rows if o["study"] == r["study"] and o.get("seed") != "all"]
+    return "seeds: " + ", ".join(cost_ratio(o.get("savings"), o.get("savings_bound") or "") for o in seeds)
+
+
+def _conditions_of(r: Mapping[str, Any], conditions: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """The measurability conditions of a savings row's study and seed (every seed for the ``all`` row)."""
+    mine = [c for c in conditions.get(r["study"], []) if r.get("seed") in ("all", c.get("seed"))]
+    return conditions_note(mine) or "n/a"
+
+
+def savings_markdown(rows: Sequence[Mapping[str, Any]], profile: str,
+                     conditions: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> str:
+    """savings.md: first one sentence per study and seed (the cost ratio, the savings beside it, the conditions),
+    then the table with the reading that decides and the other direction's, a figure or a bound."""
+    conditions = conditions or {}
     lines = [
         f"# Matched-FLOP savings (profile `{profile}`)",
         "",
-        "Savings = 1 - pipeline / joint FLOPs to one target accuracy; pipeline = the experts' final training FLOPs + "
-        "the distillation's FLOPs to the target; distill share = distillation / experts. Mix accuracy = mean of the "
-        "domains, domain = mean of its held-out sets, read on curves smoothed by a centred moving average over the "
-        "study's `smooth_window` evaluation points. A run reaches a target where its smoothed mix accuracy first "
-        "comes within `tolerance_se` standard errors of one evaluation point (SE = sqrt(p(1-p) sum_d sum_s "
-        "1/(D^2 S_d^2 n_s k_eff_s)) for n_s prompts per held-out set, each worth k_eff_s = k_s / design effect "
-        "independent samples: errors clustered by prompt, the design effect read from pass@2) plus `tolerance` "
-        "points of it, "
-        "linearly interpolated between evaluation points. Two directions: **joint** (the paper's) targets joint "
-        "GRPO's best smoothed accuracy and decides when joint GRPO gained at least `min_joint_gain_se` SE over its "
-        "start; otherwise **pipeline** decides: it targets the distillation's best and reads joint GRPO's FLOPs to "
-        "it. A run that never reaches a target is censored at its last evaluation: `>=` / `<=` mark a bound; "
-        "`-inf`: joint GRPO's start already reaches the pipeline's best. Numbers are measured from this run's run "
-        "directories (docs/method.md, \"Savings that always answer\").",
+        "Cost ratio = pipeline / joint GRPO FLOPs to one target accuracy (savings = 1 - ratio: 2.0x is -100%, 0.5x "
+        "is +50%); pipeline = the experts' final training FLOPs + the distillation's FLOPs to the target; distill "
+        "share = distillation / experts. Mix accuracy = mean of the domains, domain = mean of its held-out sets, read "
+        "on curves smoothed by a trailing moving average over the study's `smooth_window` evaluation points (each "
+        "point the mean of itself and the points before it: nothing measured later). A run reaches a target where "
+        "its smoothed mix accuracy first comes within `tolerance_se` standard errors of one evaluation point (SE = "
+        "sqrt(p(1-p) sum_d sum_s 1/(D^2 S_d^2 n_s k_eff_s)) for n_s prompts per held-out set, each worth k_eff_s = "
+        "k_s / design effect independent samples: errors clustered by prompt, the design effect read from pass@2) "
+        "plus `tolerance` points of it, linearly interpolated between evaluation points. Two directions: **joint** "
+        "(the paper's) targets joint GRPO's best smoothed accuracy and decides when joint GRPO gained at least "
+        "`min_joint_gain_se` SE over its start; otherwise **pipeline** decides: it targets the distillation's best "
+        "and reads joint GRPO's FLOPs to it. A run that never reaches a target is censored at its last evaluation: "
+        "`>=` / `<=` mark a bound. Conditions: the measurability conditions of [conditions.md](conditions.md) for "
+        "that study and seed. Numbers are measured from this run's run directories (docs/method.md, \"Savings that "
+        "always answer\").",
         "",
     ]
     if not rows:
         return "\n".join(lines + ["No consolidation study in the report spec.", ""])
-    lines += [
-        "| study | domains | decides | target | joint FLOPs | expert FLOPs | distill FLOPs | pipeline FLOPs | savings "
-        "| sign | distill share | other direction | paper savings | paper distill share |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    glance, whys = [], []
+    table = [
+        "| study | domains | decides | target | joint FLOPs | expert FLOPs | distill FLOPs | pipeline FLOPs "
+        "| pipeline / joint FLOPs (savings) | conditions | sign | distill share | other direction | paper savings "
+        "| paper distill share |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def pct(x: Any, bound: str = "") -> str:
         return "n/a" if x is None else f"{'>= ' if bound else ''}{100 * x:.1f}%"
 
-    whys = []
     for r in rows:
         many = sum(o["study"] == r["study"] for o in rows) > 1
-        if r.get("seed") == "all":
-            name = f"**{r['study']} (all seeds)**"
-            saving = (f"{pct(r['savings'])} (range {pct(r['savings_min'])} to {pct(r['savings_max'])})"
-                      if r.get("savings_min") is not None else str(r.get("reason", "")).removeprefix("seeds: "))
-            other = "-"
-        else:
-            name = f"{r['study']} (seed {r['seed']})" if many else r["study"]
-            saving = format_savings(r["savings"], r.get("savings_bound") or "")
-            other = (f"{r.get('other_direction')}: target {format_pct(r.get('other_target_accuracy'))}, savings "
-                     f"{format_savings(r.get('other_savings'), r.get('other_savings_bound') or '')}")
-        whys.append(f"- {name.strip('*')}: {r.get('reason', '')}")
-        lines.append(
+        name = f"{r['study']} (all seeds)" if r.get("seed") == "all" else (
+            f"{r['study']} (seed {r['seed']})" if many else r["study"])
+        other = "-" if r.get("seed") == "all" else (
+            f"{r.get('other_direction')}: target {format_pct(r.get('other_target_accuracy'))}, ratio "
+            f"{cost_ratio(r.get('other_savings'), r.get('other_savings_bound') or '')}")
+        saving, conds = _saving_cell(r, rows), _conditions_of(r, conditions)
+        paper = r.get("paper_savings")
+        glance.append(f"- **{name}**: pipeline / joint GRPO FLOPs to reach {format_pct(r['target_accuracy'])}: "
+                      f"{saving}" + (f" (paper {1 - paper:.2f}x, {pct(paper)})" if paper is not None else "")
+                      + f"; {conds}")
+        whys.append(f"- {name}: {r.get('reason', '')}")
+        table.append(
             f"| {name} | {r['domains']} | {r.get('direction')} | {format_pct(r['target_accuracy'])} "
             f"| {format_flops(r['joint_flops'])} | {format_flops(r['expert_flops'])} | {format_flops(r['distill_flops'])} "
-            f"| {format_flops(r['pipeline_flops'])} | {saving} | {r.get('savings_sign')} "
+            f"| {format_flops(r['pipeline_flops'])} | {saving} | {conds} | {r.get('savings_sign')} "
             f"| {pct(r['distill_share'], r.get('share_bound') or '')} | {other} "
-            f"| {pct(r['paper_savings'])} | {pct(r['paper_distill_share'])} |".replace("None", "n/a")
+            f"| {pct(paper)} | {pct(r['paper_distill_share'])} |".replace("None", "n/a")
         )
     rules = sorted({(r.get("smooth_window"), r.get("tolerance_se"), r["tolerance_points"], r.get("min_joint_gain_se"))
                     for r in rows}, key=str)
@@ -201,7 +225,8 @@ def savings_markdown(rows: Sequence[Mapping[str, Any]], profile: str) -> str:
                      f"target past a gain of {g} SE" for w, se, t, g in rules)
     ses = [f"{r['study']} (seed {r.get('seed')}) {100 * r['eval_se']:.2f} pts" for r in rows
            if r.get("eval_se") is not None and r.get("seed") != "all"]
-    lines += ["", f"Matching rule: {said}." + (f" One evaluation's SE at the target: {', '.join(ses)}." if ses else ""),
+    lines += [*glance, "", *table, "",
+              f"Matching rule: {said}." + (f" One evaluation's SE at the target: {', '.join(ses)}." if ses else ""),
               "", "How each row reads:", "", *whys, ""]
     return "\n".join(lines)
 
@@ -350,7 +375,8 @@ def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, An
     profile = str(spec["profile"])
     stage("curves", runs=len(spec["runs"]), points=len(curves))
 
-    claims = claims_table(spec, curves, rows)
+    conditions = condition_rows(spec, curves, runs_dir)
+    claims, claims_detail = claims_pages(spec, curves, rows, conditions)
     stage("claims", savings_rows=len(rows))
     figures = draw_figures(spec, keys, curves, rows, notes, final_flops)  # all drawn before anything is written
     stage("figures", figures=len(figures))
@@ -360,11 +386,13 @@ def build_report(spec_path: Path, runs_dir: Path, out_dir: Path) -> dict[str, An
     written.append(_atomic(out_dir / "curves.csv", lambda tmp: curves.to_csv(tmp, index=False)))
     table = pd.DataFrame(rows, columns=SAVINGS_COLUMNS)
     written.append(_atomic(out_dir / "savings.csv", lambda tmp: table.to_csv(tmp, index=False)))
-    written.append(write_text(out_dir / "savings.md", savings_markdown(rows, profile)))
+    written.append(write_text(out_dir / "savings.md",
+                              savings_markdown(rows, profile, study_conditions(spec, conditions))))
     written.append(write_text(out_dir / "claims.md", claims))
+    written.append(write_text(out_dir / "claims_detail.md", claims_detail))
     written.append(write_text(out_dir / "base_models.md", base_models_markdown(spec, profile)))
     written.append(write_text(out_dir / "constraints.md", constraints_markdown(spec, runs_dir)))
-    written.append(write_text(out_dir / "conditions.md", conditions_markdown(spec, curves, runs_dir)))
+    written.append(write_text(out_dir / "conditions.md", conditions_markdown(spec, curves, runs_dir, conditions)))
     written.append(write_text(out_dir / "mfu.md", mfu_markdown(spec, runs_dir, profile)))
     for stem, fig in figures.items():
         written.extend(save_figure(fig, out_dir, stem))

@@ -17,13 +17,15 @@ spans the threshold leaves an indicative verdict where the seeds agree (:func:`_
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 
 from opdgrpo.plan.studies import REGISTRY
 from opdgrpo.plan.studies.base import ClaimDef
+from opdgrpo.report.conditions import conditions_note, study_conditions
 from opdgrpo.report.curves import ReportInputError, instance_seed, study_instances
 from opdgrpo.report.studies import REPORTS
 from opdgrpo.report.uncertainty import FAILS, HOLDS, INCONCLUSIVE, UNMEASURED, interval_verdict, mean_interval
@@ -200,33 +202,155 @@ def evaluate_claims(
     return rows
 
 
+def seed_results(
+    spec: Mapping[str, Any],
+    curves: pd.DataFrame,
+    savings_rows: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]],
+) -> dict[str, list[tuple]]:
+    """Every claim's per-seed results ``(seed, ours, verdict[, margin, strict])``, as :func:`evaluate_claims` reads
+    them before merging: claims.md's short cells quote each seed's figure, which the merged text buries."""
+    studies = spec.get("studies", {}) or {}
+    savings = _savings_rows(savings_rows)
+    out: dict[str, list[tuple]] = {}
+    for key, study in REPORTS.items():
+        if key not in studies:
+            continue
+        for inst in study_instances(studies[key]):
+            seed = instance_seed(dict(spec), inst)
+            try:
+                found = study.evaluate(inst, curves, _savings_for(savings, key, seed))
+            except (ReportInputError, KeyError, ValueError):
+                continue   # the merged verdict says why ("not measured"); no figure to quote
+            for cid, result in found.items():
+                out.setdefault(cid, []).append((seed, *result))
+    return out
+
+
+# ------------------------------------------------------------------------------------- short cells of claims.md
+def _pts(m: float) -> str:
+    return f"{100 * m:+.1f} pts"
+
+
+def _pct_of(m: float) -> str:
+    return f"{100 * (m + 0.5):.0f}%"
+
+
+#: How a claim's margin reads as a number (label, format), for the claims whose margin has a unit a reader knows.
+_MARGINS: dict[str, tuple[str, Callable[[float], str]]] = {
+    "S1": ("GRPO minus OPD's peak at OPD's FLOPs, worst pair", _pts),
+    "S1b-acc": ("GRPO minus OPD's peak at OPD's FLOPs, worst pair", _pts),
+    "S1b-len": ("OPD's final length above GRPO's in", _pct_of),
+    "S2-in": ("GRPO final minus OPD peak, worst subset", _pts),
+    "S2-heldout": ("gap in the expected direction, worst subset", _pts),
+    "S5b": ("domains collapsed", _pct_of),
+}
+
+
+def cost_ratio(savings: float | None, bound: str = "") -> str:
+    """Savings read as the cost they stand for: ``6.9x (-589.7%)``, pipeline / joint GRPO FLOPs to one target with
+    the savings beside it; an upper bound on the savings is a lower bound on the ratio (``>= 6.9x (<= -589.7%)``)."""
+    if savings is None or savings != savings:
+        return "n/a"
+    if math.isinf(savings):
+        return "joint GRPO needs 0 FLOPs (its step 0 reaches the target; savings -inf)"
+    mark = {"upper": (">= ", "<= "), "lower": ("<= ", ">= ")}.get(bound, ("", ""))
+    return f"{mark[0]}{1 - savings:.1f}x ({mark[1]}{100 * savings:.1f}%)"
+
+
+def _consolidation_figure(cid: str, row: Mapping[str, Any]) -> str:
+    """One seed's figure of S4/S5-share (the share) or -savings (the cost ratio), from its savings row."""
+    if cid.endswith("-share"):
+        share = row.get("distill_share")
+        return "n/a" if share is None else f"{'>= ' if row.get('share_bound') else ''}{100 * share:.0f}%"
+    ratio = cost_ratio(row.get("savings"), row.get("savings_bound") or "")
+    return ratio.split(" (")[0] if "x (" in ratio else "0 FLOPs for joint GRPO"
+
+
+def _s3_figure(cid: str, ours: str) -> tuple[str, str]:
+    """(n, one seed's S3 ratio F_grpo / F_opd(n)) at the fewest (S3-n1) or most (S3-n8) rollouts, read from the
+    text S3's evaluator writes."""
+    found = re.findall(r"OPD n=(\d+) ([^;]*)", ours)
+    if not found:
+        return "?", "n/a"
+    n, text = found[0] if cid == "S3-n1" else found[-1]
+    if "ratio" in text:
+        return n, text.split("ratio ", 1)[1]
+    return n, "never" if "never" in text else "step 0"
+
+
+def short_ours(cid: str, per_seed: list[tuple], savings_rows: list[Mapping[str, Any]]) -> str:
+    """claims.md's "ours" cell: one number per seed and, where every seed has a margin in a known unit, their mean
+    with its 95% t interval; the per-seed detail goes to claims_detail.md."""
+    study = cid.split("-")[0]
+    if study in ("S4", "S5"):
+        label = "distillation / experts' FLOPs" if cid.endswith("-share") else "pipeline / joint GRPO FLOPs"
+        rows = [_savings_for(savings_rows, study, r[0]).get(study) for r in per_seed]
+        figures = [_consolidation_figure(cid, row) if row else "n/a" for row in rows]
+    elif study == "S3":
+        read = [_s3_figure(cid, r[1]) for r in per_seed]
+        label = f"FLOPs to the teacher, GRPO / OPD n={read[0][0]}"
+        figures = [figure for _, figure in read]
+    else:
+        label, fmt = _MARGINS.get(cid, ("margin", lambda m: f"{m:+.3g}"))
+        figures = [fmt(r[3]) if len(r) > 3 and r[3] is not None else "n/a" for r in per_seed]
+        margins = [r[3] for r in per_seed if len(r) > 3 and r[3] is not None and math.isfinite(r[3])]
+        if len(margins) == len(per_seed) > 1:
+            mean, lo, hi = mean_interval(margins)
+            return f"{label}: {fmt(mean)}, 95% [{fmt(lo)}, {fmt(hi)}]; seeds {', '.join(figures)}"
+    return f"{label}: {', '.join(figures)}" + (" (seeds)" if len(per_seed) > 1 else "")
+
+
+def _verdict_cell(c: ClaimDef, verdict: str, notes: Mapping[str, str]) -> str:
+    """The verdict, with the measurability conditions of its study beside it (nothing where none bear on it)."""
+    note = notes.get(c.study, "")
+    return f"{verdict}; {note}" if note else verdict
+
+
+def claims_pages(
+    spec: Mapping[str, Any],
+    curves: pd.DataFrame,
+    savings_rows: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]],
+    conditions: Sequence[Mapping[str, Any]] | None = None,
+) -> tuple[str, str]:
+    """(claims.md, claims_detail.md): one short line per claim (the paper's figure, ours as numbers, the verdict with
+    its conditions), read in a minute; then every seed's measurement and the direction tests, in the detail file.
+
+    ``savings_rows`` are the studies' savings rows (:meth:`~opdgrpo.plan.studies.base.Study.savings_row`), each with
+    its ``study`` key (or a mapping study -> dict); ``conditions`` the rows of
+    :func:`~opdgrpo.report.conditions.condition_rows` (none: no conditions shown).
+    """
+    profile = spec.get("profile", "unknown")
+    rows = _savings_rows(savings_rows)
+    evaluated = evaluate_claims(spec, curves, rows)
+    per_seed = seed_results(spec, curves, rows)
+    notes = {k: conditions_note(v) for k, v in study_conditions(spec, conditions or []).items()}
+    head = [*([NO_VERDICTS[profile], ""] if profile in NO_VERDICTS else []),
+            f"Measured from this run's run directories (profile `{profile}`), not copied from the paper. Small "
+            "profiles use tiny models on synthetic tasks: compare directions, not magnitudes. Each seed's "
+            "measurement and the direction tests: [claims_detail.md](claims_detail.md); the conditions: "
+            "[conditions.md](conditions.md).", "", seeds_note(spec), ""]
+    short = [f"# Paper claims vs this reproduction (profile `{profile}`)", "", *head,
+             "| claim | paper | ours | verdict |", "|---|---|---|---|"]
+    detail = [f"# Paper claims, per seed (profile `{profile}`)", "", *head,
+              "| claim | ours, per seed | verdict |", "|---|---|---|"]
+    for c, ours, verdict in evaluated:
+        figure = short_ours(c.id, per_seed[c.id], rows) if c.id in per_seed else ours
+        cell = _verdict_cell(c, verdict, notes)
+        short.append(f"| **{c.id}** {_cell(c.claim)} | {_cell(c.paper)} | {_cell(figure)} | {_cell(cell)} |")
+        detail.append(f"| **{c.id}** | {_cell(ours)} | {_cell(cell)} |")
+    detail += ["", DIRECTION_TESTS, ""]
+    short.append("")
+    unknown = [k for k in (spec.get("studies") or {}) if k not in REGISTRY or not REGISTRY[k].claims]
+    if unknown:
+        short += [f"Studies without claim checks (skipped): {', '.join(unknown)}.", ""]
+    return "\n".join(short), "\n".join(detail)
+
+
 def claims_table(
     spec: Mapping[str, Any],
     curves: pd.DataFrame,
     savings_rows: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]],
+    conditions: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
-    """Markdown of claims.md: a header naming the profile, one row per paper claim, then the direction tests.
-
-    ``savings_rows`` are the studies' savings rows (:meth:`~opdgrpo.plan.studies.base.Study.savings_row`), each with its
-    ``study`` key (or a mapping study -> dict).
-    """
-    profile = spec.get("profile", "unknown")
-    lines = [
-        f"# Paper claims vs this reproduction (profile `{profile}`)",
-        "",
-        *([NO_VERDICTS[profile], ""] if profile in NO_VERDICTS else []),
-        f"The *ours* column is measured from the run directories of this run (profile `{profile}`), not copied from "
-        "the paper. Small profiles use tiny models on synthetic tasks, so compare directions, not magnitudes.",
-        "",
-        seeds_note(spec),
-        "",
-        "| claim | paper | ours | holds? |",
-        "|---|---|---|---|",
-    ]
-    for c, ours, verdict in evaluate_claims(spec, curves, savings_rows):
-        lines.append(f"| **{c.id}** {_cell(c.claim)} | {_cell(c.paper)} | {_cell(ours)} | {_cell(verdict)} |")
-    lines += ["", DIRECTION_TESTS, ""]
-    unknown = [k for k in (spec.get("studies") or {}) if k not in REGISTRY or not REGISTRY[k].claims]
-    if unknown:
-        lines += [f"Studies without claim checks (skipped): {', '.join(unknown)}.", ""]
-    return "\n".join(lines)
+    """Markdown of claims.md: a header naming the profile, one short row per paper claim (:func:`claims_pages`)."""
+    return claims_pages(spec, curves, savings_rows, conditions)[0]

@@ -95,6 +95,52 @@ def condition_rows(spec: Mapping[str, Any], curves: pd.DataFrame, runs_dir: Path
     return rows
 
 
+def study_conditions(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """The condition rows each consolidation study rests on: its own rows and the rows of its experts, which
+    :func:`condition_rows` lists once, under the first study that names them (S5's math and code experts are S4's)."""
+    experts = {r["run"]: r for r in rows if str(r["condition"]).startswith("expert ")}
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for key in STUDIES:
+        entry = (spec.get("studies") or {}).get(key)
+        if entry is None:
+            continue
+        mine = [r for r in rows if r["study"] == key]
+        for inst in study_instances(entry):
+            for run in inst.get("experts", []):
+                row = experts.get(run)
+                if row is not None and all(row is not m for m in mine):
+                    mine.append(dict(row, seed=instance_seed(dict(spec), dict(inst))))
+        out[key] = mine
+    return out
+
+
+def _kind(row: Mapping[str, Any]) -> str:
+    """A condition's short name in a verdict cell: what it asks, with its threshold."""
+    condition = str(row["condition"])
+    if condition.startswith("expert "):
+        return f"experts gain {row['threshold_se']:g} SE"
+    if condition.startswith("joint "):
+        return f"joint GRPO gains {row['threshold_se']:g} SE"
+    return f"distillation within {-row['threshold_se']:g} SE of its experts"
+
+
+def conditions_note(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One short line beside a verdict: ``conditions met (15/15)`` or ``conditions unmet: distillation within 1 SE of
+    its experts in 1/6`` (met / measured, per kind of condition), so no verdict is read without the world it rests on;
+    "" where no condition bears on it."""
+    if not rows:
+        return ""
+    kinds: dict[str, list[Any]] = {}
+    for r in rows:
+        kinds.setdefault(_kind(r), []).append(r["met"])
+    unmet = [f"{k} in {sum(m is True for m in v)}/{len(v)}" for k, v in kinds.items() if any(m is False for m in v)]
+    unknown = sum(m is None for v in kinds.values() for m in v)
+    tail = f" ({unknown} unmeasured: held-out sizes unknown)" if unknown else ""
+    if unmet:
+        return f"conditions unmet: {'; '.join(unmet)}{tail}"
+    return f"conditions met ({sum(m is True for v in kinds.values() for m in v)}/{len(rows)}){tail}"
+
+
 def _row(study: str, seed: Any, condition: str, run: str, diff: float, se: float | None, threshold: float,
          what: str) -> dict[str, Any]:
     in_se = diff / se if se else None
@@ -103,9 +149,11 @@ def _row(study: str, seed: Any, condition: str, run: str, diff: float, se: float
             "met": None if in_se is None else bool(in_se >= threshold)}
 
 
-def conditions_markdown(spec: Mapping[str, Any], curves: pd.DataFrame, runs_dir: Path) -> str:
-    """conditions.md: every measurability condition per study and seed, and how many were met."""
-    rows = condition_rows(spec, curves, runs_dir)
+def conditions_markdown(spec: Mapping[str, Any], curves: pd.DataFrame, runs_dir: Path,
+                        rows: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """conditions.md: every measurability condition per study and seed, and how many were met (``rows``: those of
+    :func:`condition_rows`, when the caller already measured them for the verdicts)."""
+    rows = condition_rows(spec, curves, runs_dir) if rows is None else list(rows)
     lines = [f"# Measurability conditions (profile `{spec.get('profile', 'unknown')}`)", "",
              "Can the consolidation studies be read in this world? Conditions fixed before any run "
              "(docs/method.md, \"Measurability conditions\"): every GRPO expert gains at least "
