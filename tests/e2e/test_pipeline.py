@@ -69,7 +69,8 @@ def test_smoke_dag_writes_every_contracted_file(smoke_dag):
         assert [r["step"] for r in ledger] == list(range(job.config["method"]["steps"]))
         assert ledger[-1]["cumulative_flops"] == json.loads((run_dir / "done.json").read_text())["cumulative_flops"]
     report = root / "report"
-    for name in ("curves.csv", "savings.csv", "savings.md", "claims.md", "base_models.md", "constraints.md", "conditions.md"):
+    for name in ("curves.csv", "savings.csv", "savings.md", "claims.md", "claims_detail.md", "base_models.md", "constraints.md",
+                 "conditions.md"):
         assert (report / name).stat().st_size > 0, name
     for study in plan.report_spec["studies"]:
         for kind in ("accuracy", "length"):
