@@ -69,8 +69,8 @@ def _lower_end(values: Sequence[float], floor: float) -> float:
     clipped set is fixed and the objective concave in c, so a ternary search finds its maximum there."""
     x = sorted(float(v) for v in values)
     n = len(x)
-    if x[0] == -math.inf:
-        return -math.inf
+    if x[0] == -math.inf or x[0] == math.inf:   # a seed that may be anything down there / every seed unbounded
+        return x[0]
     k = t_quantile_95(n - 1) / math.sqrt(n)
 
     def at(c: float) -> float:
