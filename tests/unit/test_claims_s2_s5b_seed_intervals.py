@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 
@@ -66,7 +68,9 @@ def test_s5b_counts_collapsed_domains():
     pts = [(0, 0.0, {("math", "amc"): 0.4, ("code", "lcb"): 0.8, ("ifeval", "ifeval"): 0.5}),
            (10, 1e9, {("math", "amc"): 0.0, ("code", "lcb"): 0.3, ("ifeval", "ifeval"): 0.45})]
     curves = pd.DataFrame(rows("opd-all", pts, "opd"), columns=CURVE_COLUMNS)
-    ours, verdict, margin, strict = eval_s5b({"opd": "opd-all", "domains": ["math", "code", "ifeval"]}, curves, {})["S5b"]
+    ours, verdict, margin, strict, floor = eval_s5b({"opd": "opd-all", "domains": ["math", "code", "ifeval"]}, curves,
+                                                    {})["S5b"]
+    assert floor == pytest.approx(1 / 3 / math.sqrt(12))   # a count of 3 domains: its rounding error
     assert verdict == "holds" and "2/3 collapsed" in ours and margin == pytest.approx(2 / 3 - 0.5)
 
 

@@ -72,6 +72,12 @@ def savings(distill, joint=JOINT, **kw):
 SIZES = {"math": {"amc": [100, 4], "aime": [100, 4]}, "code": {"lcb": [100, 4]}}
 
 
+def se_at(x: float) -> float:
+    """SE of a point where math and code are both at ``x``: each set's variance at its own accuracy (curve_rows
+    splits math into x + 0.1 and x - 0.1), as compute_savings reads it."""
+    return mix_se(x, SIZES, ["math", "code"], {"math": {"amc": x + 0.1, "aime": x - 0.1}, "code": {"lcb": x}})
+
+
 # --------------------------------------------------------------------------------------------------------- tests
 def test_interpolated_between_eval_points_by_hand() -> None:
     # joint mix: 0.2, 0.45, 0.55, 0.5 -> target 0.55 first reached at 200 FLOPs; experts 40 + 60 = 100.
@@ -118,9 +124,9 @@ def test_a_joint_run_that_does_not_learn_is_read_the_other_way() -> None:
     # would need more than its whole 300 FLOPs: savings >= 1 - (100 + distill's FLOPs to it) / 300.
     flat = [(0, 0, both(0.2)), (10, 100, both(0.21)), (20, 200, both(0.2)), (30, 300, both(0.21))]
     r = savings([(0, 0, both(0.2)), (1, 10, both(0.3)), (2, 20, both(0.5))], joint=flat, eval_sizes=SIZES)
-    se = mix_se(0.5, SIZES, ["math", "code"])
+    se = se_at(0.5)
     assert r["direction"] == "pipeline" and r["other"]["direction"] == "joint"
-    assert r["joint_gain"] == pytest.approx(0.01) and r["min_joint_gain"] == pytest.approx(3 * mix_se(0.21, SIZES, ["math", "code"]))
+    assert r["joint_gain"] == pytest.approx(0.01) and r["min_joint_gain"] == pytest.approx(3 * se_at(0.21))
     assert r["target_accuracy"] == pytest.approx(0.5) and r["threshold_accuracy"] == pytest.approx(0.5 - se)
     distill = 10 + (0.5 - se - 0.3) / 0.2 * 10
     assert r["distill_flops"] == pytest.approx(distill) and r["joint_flops"] is None
@@ -154,17 +160,22 @@ def test_joint_grpos_gain_is_measured_from_its_unsmoothed_start() -> None:
     rising = [(0, 0, both(0.2)), (10, 100, both(0.26)), (20, 200, both(0.26)), (30, 300, both(0.26))]
     r = savings([(0, 0, both(0.2)), (1, 10, both(0.6))], joint=rising, eval_sizes=SIZES, smooth_window=3)
     assert r["joint_gain"] == pytest.approx(0.06)
-    assert r["min_joint_gain"] == pytest.approx(3 * mix_se(0.26, SIZES, ["math", "code"]))
+    assert r["min_joint_gain"] == pytest.approx(3 * se_at(0.26))
     assert r["direction"] == "joint"   # 6 points is past 3 SE (4.0 points); from the smoothed 23% (3 points) it would not be
 
 
-def test_sign_over_seeds_uses_the_interval_for_figures_and_agreement_for_bounds() -> None:
+def test_sign_over_seeds_is_one_monotone_interval_over_figures_and_bounds() -> None:
     assert sign_over_seeds([(0.3, ""), (0.32, ""), (0.31, "")]) == "positive"
     assert sign_over_seeds([(0.3, ""), (-0.5, ""), (0.31, "")]) == "inconclusive"
-    assert sign_over_seeds([(0.3, ""), (0.2, "lower"), (0.31, "")]) == "positive"   # agreement: every seed positive
-    assert sign_over_seeds([(-0.3, ""), (-math.inf, ""), (-0.1, "upper")]) == "negative"
-    assert sign_over_seeds([(0.3, ""), (0.2, "upper"), (0.31, "")]) == "inconclusive"
-    assert sign_over_seeds([(-0.2, "")]) == "negative"
+    assert sign_over_seeds([(0.3, ""), (0.2, "lower"), (0.31, "")]) == "positive"     # at least 0.2: as the figure
+    assert sign_over_seeds([(0.3, ""), (0.2, "upper"), (0.31, "")]) == "inconclusive"  # at most 0.2: any value
+    assert sign_over_seeds([(-0.3, ""), (-math.inf, ""), (-0.25, "upper")]) == "negative"
+    # the bound says no more than the figure it bounds, and a far worse seed no less than a near one
+    assert sign_over_seeds([(-0.3, ""), (-0.35, ""), (-5.0, "")]) == sign_over_seeds([(-0.3, ""), (-0.35, ""), (-5.0, "upper")])
+    assert sign_over_seeds([(-0.3, ""), (-0.35, ""), (-5.0, "")]) == "negative"
+    # seeds that agree within the floor (5 points) do not decide on their zero-width interval alone
+    assert sign_over_seeds([(0.05, ""), (0.05, ""), (0.05, "")]) == "inconclusive"
+    assert sign_over_seeds([(-0.2, "")]) == "negative" and sign_over_seeds([(0.1, "upper")]) == "inconclusive"
 
 
 def test_tolerance_moves_both_sides_to_the_same_threshold() -> None:
@@ -248,8 +259,9 @@ def test_cli_reads_held_out_sizes_from_runs_for_the_se_tolerance(curves_csv, tmp
             "--smooth-window", "1", "--runs", str(runs)]
     assert main(argv) == 0
     obj = json.loads(capsys.readouterr().out)
-    # SE at 0.55 with math 2 x (25 x 4) and code 1 x (25 x 4): sqrt(0.2475 (0.25 (2/100) / 4 + (1/100) / 4))
-    se = (0.2475 * (0.25 * 0.02 / 4 + 0.01 / 4)) ** 0.5
+    # SE at joint GRPO's best (math 0.6, split into sets 0.7 and 0.5; code 0.5; mix 0.55) with math 2 x (25 x 4) and
+    # code 1 x (25 x 4), each set at its own accuracy: sqrt((0.25 (0.7 x 0.3 + 0.5 x 0.5) / 100 + 0.5 x 0.5 / 100) / 4)
+    se = ((0.25 * (0.7 * 0.3 + 0.5 * 0.5) / 100 + 0.5 * 0.5 / 100) / 4) ** 0.5
     assert obj["eval_se"] == pytest.approx(se) and obj["threshold_accuracy"] == pytest.approx(0.55 - se)
     assert main([*argv, "--tolerance-se", "0"]) == 0
     assert json.loads(capsys.readouterr().out)["threshold_accuracy"] == pytest.approx(0.55)

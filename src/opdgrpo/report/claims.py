@@ -28,7 +28,15 @@ from opdgrpo.plan.studies.base import ClaimDef
 from opdgrpo.report.conditions import conditions_note, study_conditions
 from opdgrpo.report.curves import ReportInputError, instance_seed, study_instances
 from opdgrpo.report.studies import REPORTS
-from opdgrpo.report.uncertainty import FAILS, HOLDS, INCONCLUSIVE, UNMEASURED, interval_verdict, mean_interval
+from opdgrpo.report.uncertainty import (
+    FAILS,
+    HOLDS,
+    INCONCLUSIVE,
+    UNMEASURED,
+    interval_verdict,
+    mean_interval,
+    monotone_interval,
+)
 
 #: Every claim row of claims.md, in order: the registered studies' rows, studies in registry (name) order.
 CLAIMS: list[ClaimDef] = [claim for study in REGISTRY.values() for claim in study.claims]
@@ -94,13 +102,17 @@ def _why(verdict: str) -> str:
 
 
 def _combine(per_seed: list[tuple]) -> tuple[str, str]:
-    """Merge one claim's per-seed results ``(seed, ours, verdict[, margin, strict])`` into (ours, verdict).
+    """Merge one claim's per-seed results ``(seed, ours, verdict[, margin, strict[, floor]])`` into (ours, verdict).
 
     One seed: its own verdict, labelled indicative. Several: when every seed gives a margin (a number that is > 0,
-    or >= 0 when not strict, exactly when the claim holds for that seed), the verdict is the 95% t interval's over
-    seeds (holds / does not hold / inconclusive, :func:`~opdgrpo.report.uncertainty.interval_verdict`); with two
-    seeds an interval that spans 0 leaves an indicative verdict when both seeds agree. Otherwise it holds iff every
-    seed holds, does not hold iff none does, and is inconclusive when seeds disagree.
+    or >= 0 when not strict, exactly when the claim holds for that seed; or a pair (low, high), the range a censored
+    margin may lie in), one interval over seeds decides (holds / does not hold / inconclusive,
+    :func:`~opdgrpo.report.uncertainty.interval_verdict`): the 95% t interval of figures, or, where a seed gives a
+    range or the claim a ``floor`` (a discrete margin's resolution, the savings' least spread), the monotone interval
+    (:func:`~opdgrpo.report.uncertainty.monotone_interval`), so a bound never says more than a figure and a
+    zero-width interval never decides alone. With two seeds an interval that spans 0 leaves an indicative verdict
+    when both seeds agree. Otherwise it holds iff every seed holds, does not hold iff none does, and is inconclusive
+    when seeds disagree.
     """
     if len(per_seed) == 1:
         return per_seed[0][1], indicative(per_seed[0][2])
@@ -110,15 +122,32 @@ def _combine(per_seed: list[tuple]) -> tuple[str, str]:
         return ours, f"{UNMEASURED} for any of {len(per_seed)} seeds (seed {unmeasured[0][0]}: {_why(unmeasured[0][1])})"
     if unmeasured:   # the measured seeds still speak; the unmeasured ones are undecided (no margin: by agreement)
         return ours, _by_agreement(per_seed)
-    margins = [r[3] if len(r) > 3 else None for r in per_seed]
-    if all(m is not None and math.isfinite(m) for m in margins):
-        mean, lo, hi = mean_interval(margins)
+    ranges = [_margin_range(r[3] if len(r) > 3 else None) for r in per_seed]
+    if all(rng is not None for rng in ranges):
+        floors = [float(r[5]) for r in per_seed if len(r) > 5 and r[5] is not None]
+        if floors or any(lo != hi for lo, hi in ranges):
+            lo, hi = monotone_interval([r[0] for r in ranges], [r[1] for r in ranges], max(floors, default=0.0))
+            summary = (f"monotone 95% interval [{lo:+.3g}, {hi:+.3g}] over {len(per_seed)} seeds"
+                       + (f" (spread at least {max(floors):.3g})" if floors else ""))
+        else:
+            mean, lo, hi = mean_interval([r[0] for r in ranges])
+            summary = f"margin {mean:+.3g}, 95% interval [{lo:+.3g}, {hi:+.3g}] over {len(per_seed)} seeds"
         verdict = interval_verdict(lo, hi, 0.0, strict=bool(per_seed[0][4]))
-        summary = f"margin {mean:+.3g}, 95% interval [{lo:+.3g}, {hi:+.3g}] over {len(per_seed)} seeds"
         if verdict == INCONCLUSIVE:
             verdict = _agreeing_pair(per_seed) or f"{INCONCLUSIVE}: the interval spans 0"
         return f"{summary}; {ours}", verdict
     return ours, _by_agreement(per_seed)
+
+
+def _margin_range(margin: Any) -> tuple[float, float] | None:
+    """A seed's margin as the range it may lie in: a figure (low = high), a (low, high) pair; None without one."""
+    if margin is None:
+        return None
+    if isinstance(margin, tuple):
+        lo, hi = float(margin[0]), float(margin[1])
+        return None if math.isnan(lo) or math.isnan(hi) else (lo, hi)
+    value = float(margin)
+    return (value, value) if math.isfinite(value) else None
 
 
 def _agreeing_pair(per_seed: list[tuple]) -> str | None:

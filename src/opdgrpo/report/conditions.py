@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from opdgrpo.report.curves import domain_curve, format_pct, instance_seed, mix_accuracy, run_curve, study_instances
+from opdgrpo.report.curves import domain_curve, format_pct, instance_seed, mix_accuracy, run_curve, set_accuracy, study_instances
 from opdgrpo.report.matching import DEFAULT_MIN_JOINT_GAIN_SE, MatchRule, eval_sizes, mix_se, smooth, start_of
 
 #: An expert's gain in its own domain, in standard errors of one evaluation, for the world to count as one where
@@ -41,13 +41,19 @@ DISTILL_SHORTFALL_SE = 1.0
 STUDIES = ("S4", "S5")
 
 
+def _raw_points(curves: pd.DataFrame, run: str, domains: Sequence[str]) -> tuple[list[float], list[float]]:
+    """(cumulative FLOPs, accuracy) of a run's evaluation points on one domain or the mix of several, in step order
+    (accuracy NaN where a point is incomplete)."""
+    if len(domains) == 1:
+        frame = domain_curve(curves, run, domains[0]).sort_values("step")
+    else:
+        frame = mix_accuracy(run_curve(curves, run), domains).sort_values("step", kind="stable")
+    return [float(f) for f in frame["cumulative_flops"]], [float(a) for a in frame["accuracy"]]
+
+
 def _raw_curve(curves: pd.DataFrame, run: str, domains: Sequence[str]) -> list[float]:
     """A run's accuracy on one domain or the mix of several, in step order (NaN where a point is incomplete)."""
-    if len(domains) == 1:
-        acc = domain_curve(curves, run, domains[0]).sort_values("step")["accuracy"]
-    else:
-        acc = mix_accuracy(run_curve(curves, run), domains).sort_values("step", kind="stable")["accuracy"]
-    return [float(a) for a in acc.tolist()]
+    return _raw_points(curves, run, domains)[1]
 
 
 def _curve(curves: pd.DataFrame, run: str, domains: Sequence[str], window: int) -> list[float]:
@@ -56,10 +62,13 @@ def _curve(curves: pd.DataFrame, run: str, domains: Sequence[str], window: int) 
 
 
 def _gain(curves: pd.DataFrame, run: str, domains: Sequence[str], window: int, runs_dir: Path) -> tuple[float, float, float | None]:
-    """(start, best, SE at the best): the run's first evaluation unsmoothed, its smoothed curve's best on ``domains``."""
-    start = start_of(_raw_curve(curves, run, domains))
-    best = max(_curve(curves, run, domains, window))
-    return start, best, mix_se(best, eval_sizes(runs_dir / run), domains)
+    """(start, best, SE at the best): the run's first evaluation unsmoothed, its smoothed curve's best on ``domains``,
+    and the SE of one evaluation there, each held-out set's variance at its own accuracy at that point."""
+    flops, raw = _raw_points(curves, run, domains)
+    start = start_of(raw)
+    smoothed = [(a, f) for a, f in zip(smooth(raw, window), flops) if not math.isnan(a)]
+    best, at = max(smoothed, key=lambda point: point[0])
+    return start, best, mix_se(best, eval_sizes(runs_dir / run), domains, set_accuracy(curves, run, domains, at))
 
 
 def condition_rows(spec: Mapping[str, Any], curves: pd.DataFrame, runs_dir: Path) -> list[dict[str, Any]]:

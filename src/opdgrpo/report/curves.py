@@ -390,3 +390,14 @@ def referenced_runs(study: Any) -> list[str]:
 
     walk(study)
     return list(dict.fromkeys(found))
+
+
+def set_accuracy(curves: pd.DataFrame, run: str, domains: Sequence[str], flops: float) -> dict[str, dict[str, float]]:
+    """``{domain: {set: accuracy}}`` of a run's evaluation point at ``flops`` (its best smoothed point): the sets'
+    own accuracies, for the binomial variance of each (:func:`opdgrpo.report.matching.mix_se`)."""
+    rows = run_curve(curves, run)
+    rows = rows[(rows["cumulative_flops"] == flops) & rows["eval_domain"].isin(list(domains))]
+    out: dict[str, dict[str, float]] = {}
+    for (domain, name), acc in rows.groupby(["eval_domain", "eval_set"])["accuracy"].mean().items():
+        out.setdefault(str(domain), {})[str(name)] = float(acc)
+    return out

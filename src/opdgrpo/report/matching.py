@@ -27,8 +27,10 @@ having reached a target when it comes within the evaluation's own noise of it:
 
       SE(p) = sqrt( p (1 - p) * sum_d (1 / D^2) * sum_{s in d} 1 / (S_d^2 n_s k_eff_s) ),
 
-  with p the target accuracy for every set (when sets differ, p (1 - p) at their mean is about the largest their
-  mean variance can be). n and k are those the run's ``evals.jsonl`` records per set; a set sampled once per
+  with p (1 - p) taken per set at that set's own accuracy where the caller knows it (the sets of the point that
+  sets the target): sets differ (math near 0.1, code near 0.5) and weigh by 1 / (n k), so p (1 - p) at the mix's
+  accuracy for every set is no bound, it understated S4's SE by about a tenth (1.26 against 1.41 points). Without
+  the sets' accuracies every set takes the mix's. n and k are those the run's ``evals.jsonl`` records per set; a set sampled once per
   prompt (k = 1, greedy) has k_eff = 1; a set without pass@2 in any record keeps k (the smallest the error can be);
   unknown sizes give no SE.
 * **Tolerance.** A curve has reached target T when its smoothed accuracy is at least
@@ -135,19 +137,27 @@ def start_of(accuracy: Sequence[float]) -> float:
     return next(float(a) for a in accuracy if not math.isnan(float(a)))
 
 
-def mix_se(accuracy: float, sizes: EvalSizes | None, domains: Sequence[str]) -> float | None:
-    """Binomial standard error of one evaluation point's mix accuracy (module docstring); None when a domain's
-    held-out sizes are unknown."""
+def mix_se(accuracy: float, sizes: EvalSizes | None, domains: Sequence[str],
+           set_accuracy: Mapping[str, Mapping[str, float]] | None = None) -> float | None:
+    """Standard error of one evaluation point's mix accuracy (module docstring), each set's binomial variance at its
+    own accuracy from ``set_accuracy`` (``{domain: {set: accuracy}}``) where given, else at ``accuracy``: the sets
+    differ and weigh unequally, so one p for all of them can understate the error. None when a domain's held-out
+    sizes are unknown."""
     if not sizes or not domains or math.isnan(accuracy):
         return None
+    own = set_accuracy or {}
     var = 0.0
     for d in domains:
         sets = sizes.get(d) or {}
         if not sets:
             return None
-        var += math.fsum(1.0 / (float(n) * float(k)) for n, k in sets.values()) / (len(sets) ** 2 * len(domains) ** 2)
-    p = min(max(float(accuracy), 0.0), 1.0)
-    return math.sqrt(p * (1.0 - p) * var)
+        terms = []
+        for name, (n, k) in sets.items():
+            p = own.get(d, {}).get(name, accuracy)
+            p = min(max(float(accuracy if math.isnan(float(p)) else p), 0.0), 1.0)
+            terms.append(p * (1.0 - p) / (float(n) * float(k)))
+        var += math.fsum(terms) / (len(sets) ** 2 * len(domains) ** 2)
+    return math.sqrt(var)
 
 
 def design_effect(k: int, pass1: float, pass2: float) -> float | None:

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 #: A study's report-spec entry type (the TypedDict its plan-side half defines).
 Entry = TypeVar("Entry", bound=Mapping[str, Any])
 
-#: Claim id -> ``(ours, verdict)`` or ``(ours, verdict, margin, strict)``: see :func:`opdgrpo.report.claims._combine`.
+#: Claim id -> ``(ours, verdict)`` or ``(ours, verdict, margin, strict[, floor])``, the margin a number or a
+#: (low, high) range: see :func:`opdgrpo.report.claims._combine`.
 Verdicts = dict[str, tuple]
 
 

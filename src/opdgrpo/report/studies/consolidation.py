@@ -13,7 +13,14 @@ from opdgrpo.plan.studies.consolidation import ConsolidationEntry, Consolidation
 from opdgrpo.report.curves import ReportInputError, format_flops, format_pct, instance_seed, run_curve
 from opdgrpo.report.matching import DEFAULT_SHARE_THRESHOLD, MatchRule, eval_sizes
 from opdgrpo.report.plots import STEP0_CAPTION, Panel, render
-from opdgrpo.report.savings import SAVINGS_KEYS, compute_savings, format_savings, savings_sign
+from opdgrpo.report.savings import (
+    SAVINGS_FLOOR,
+    SAVINGS_KEYS,
+    compute_savings,
+    format_savings,
+    savings_range,
+    savings_sign,
+)
 from opdgrpo.report.uncertainty import FAILS, HOLDS, INCONCLUSIVE, UNMEASURED
 
 from .base import StudyReport, Verdicts
@@ -162,8 +169,9 @@ def _mix_panel(key: str, entry: ConsolidationEntry, ctx: PlotContext) -> Panel:
 
 
 def _consolidation_verdicts(key: str, savings: Mapping[str, Mapping[str, Any]]) -> Verdicts:
-    """``<key>-share`` and ``<key>-savings`` from the study's savings row (none without a row): a figure gives a
-    margin, a bound a verdict where it settles the sign and "inconclusive" where it does not."""
+    """``<key>-share`` (:func:`_share_verdict`) and ``<key>-savings`` from the study's savings row (none without a
+    row). Every savings reading, figure, bound or -inf, gives its seed's verdict and the range its savings may lie
+    in, with the savings' least spread: over seeds one monotone interval decides (opdgrpo.report.claims._combine)."""
 
     sav = savings.get(key)
     if sav is None:
@@ -171,37 +179,39 @@ def _consolidation_verdicts(key: str, savings: Mapping[str, Mapping[str, Any]]) 
     out: Verdicts = {}
     sv, bound = sav.get("savings"), sav.get("savings_bound") or ""
     read = f"{sav.get('direction')} direction{_tolerance_text(sav)}"
-    share, share_bound = sav.get("distill_share"), sav.get("share_bound") or ""
-    limit = float(sav.get("share_threshold") or DEFAULT_SHARE_THRESHOLD)
-    share_txt = (f"experts {format_flops(sav.get('expert_flops'))}, distillation {format_flops(sav.get('distill_flops'))}"
-                 f"{' (never reached the target)' if share_bound else ''}")
-    if share is None:
-        out[f"{key}-share"] = (share_txt, f"{UNMEASURED}: experts' FLOPs are 0")
-    else:
-        share_txt += f" ({'>= ' if share_bound else ''}{100 * share:.1f}% of experts; threshold {100 * limit:g}%)"
-        if share_bound:
-            out[f"{key}-share"] = (share_txt, f"{FAILS}: share >= {100 * limit:g}%" if share >= limit else
-                                   f"{INCONCLUSIVE}: the distillation never reached the target, so its share is "
-                                   "a lower bound under the threshold")
-        elif not sav.get("distill_flops") or (sv is not None and math.isinf(sv)):
-            out[f"{key}-share"] = (share_txt, f"{INCONCLUSIVE}: the distillation reached nothing beyond its start or "
-                                              "joint GRPO's, so there is no cost of consolidation to share")
-        else:
-            out[f"{key}-share"] = (share_txt, HOLDS if share < limit else f"{FAILS}: share >= {100 * limit:g}%",
-                                   limit - share, True)
-    sign = savings_sign(sv, bound)
+    out.update(_share_verdict(key, sav))
     txt = f"savings {format_savings(sv, bound)} ({read}): {sav.get('reason', '')}"
     if sv is None:
         out[f"{key}-savings"] = (txt, f"{UNMEASURED}: {sav.get('reason', 'savings undefined')}")
-    elif not bound and math.isfinite(sv):
-        out[f"{key}-savings"] = (txt, HOLDS if sv > 0 else f"{FAILS}: the pipeline costs more than joint GRPO", sv, True)
-    elif sign == "positive":
-        out[f"{key}-savings"] = (txt, HOLDS)
-    elif sign == "negative":
-        out[f"{key}-savings"] = (txt, f"{FAILS}: the pipeline costs more than joint GRPO")
-    else:
-        out[f"{key}-savings"] = (txt, f"{INCONCLUSIVE}: the bound {format_savings(sv, bound)} does not settle the sign")
+        return out
+    sign = savings_sign(sv, bound)
+    verdict = {"positive": HOLDS, "negative": f"{FAILS}: the pipeline costs more than joint GRPO"}.get(
+        sign, f"{INCONCLUSIVE}: the bound {format_savings(sv, bound)} does not settle the sign")
+    # the range the seed's savings may lie in: over seeds one monotone interval tests figures and bounds alike
+    out[f"{key}-savings"] = (txt, verdict, savings_range(sv, bound), True, SAVINGS_FLOOR)
     return out
+
+
+def _share_verdict(key: str, sav: Mapping[str, Any]) -> Verdicts:
+    """``<key>-share``: the whole distillation run's FLOPs / the experts' (the paper's reading: its 5.2% and 8.0%
+    are whole runs, so a share read only up to the match would flatter the claim) against ``share_threshold``,
+    margin threshold - share; the share up to the match is shown beside it. Inconclusive where the distillation
+    reached nothing beyond its start or joint GRPO's (nothing was consolidated: no cost of it to share). A row without the whole-run share (one
+    written before it existed) is not measured."""
+    limit = float(sav.get("share_threshold") or DEFAULT_SHARE_THRESHOLD)
+    run, match, bound = sav.get("distill_share_run"), sav.get("distill_share"), sav.get("share_bound") or ""
+    at_match = "n/a" if match is None else f"{'>= ' if bound else ''}{100 * match:.1f}%"
+    txt = (f"experts {format_flops(sav.get('expert_flops'))}; whole distillation "
+           f"{'n/a' if run is None else f'{100 * run:.1f}%'} of experts, up to the match {at_match} "
+           f"(threshold {100 * limit:g}%)")
+    if run is None:
+        return {f"{key}-share": (txt, f"{UNMEASURED}: experts' FLOPs are 0 or the row has no whole-run share")}
+    sv = sav.get("savings")
+    if not sav.get("distill_flops") or (sv is not None and math.isinf(sv)):
+        return {f"{key}-share": (txt, f"{INCONCLUSIVE}: the distillation reached nothing beyond its start or joint "
+                                      "GRPO's, so there is no cost of consolidation to share")}
+    return {f"{key}-share": (txt, HOLDS if run < limit else f"{FAILS}: the whole distillation costs "
+                                  f"{100 * run:.1f}% >= {100 * limit:g}% of the experts", limit - run, True)}
 
 
 def _tolerance_text(sav: Mapping[str, Any]) -> str:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from opdgrpo.plan.studies.comparison import ComparisonEntry
 from opdgrpo.report.curves import domain_curve
-from opdgrpo.report.uncertainty import FAILS, HOLDS, UNMEASURED
+from opdgrpo.report.uncertainty import FAILS, HOLDS, UNMEASURED, resolution_floor
 
 from .base import Verdicts
 from .comparison import ComparisonReport, loses_per_flop
@@ -37,7 +37,9 @@ class S1bReport(ComparisonReport):
         else:
             summary = f"OPD longer in {inflated}/{pairs} pairs"
             verdict = HOLDS if inflated > pairs / 2 else f"{FAILS}: {summary}"
-            out["S1b-len"] = ("; ".join(parts) + f" ({summary})", verdict, inflated / pairs - 0.5, True)
+            # a count of pairs moves the margin in steps of 1 / pairs: its rounding error is the least spread
+            out["S1b-len"] = ("; ".join(parts) + f" ({summary})", verdict, inflated / pairs - 0.5, True,
+                              resolution_floor(1.0 / pairs))
         return out
 
 
