@@ -26,12 +26,23 @@ def _in_process(*argv: str) -> int:
     return gpu_pilot.main(list(argv))
 
 
+def _failed_log_tails(logs: Path) -> str:
+    """The last lines of every job log that says it failed: the pilot's own message only names the file, which pytest
+    removes with its temporary directory."""
+    tails = []
+    for log in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+        lines = log.read_text(errors="replace").splitlines()
+        if any(word in line for line in lines for word in ("error", "Error", "Traceback")):
+            tails.append(f"\n--- {log.name} (last 25 lines)\n" + "\n".join(lines[-25:]))
+    return "".join(tails)
+
+
 def test_cpu_preset_runs_the_pilot_jobs_kills_and_resumes_the_opd_run(tmp_path):
     pytest.importorskip("vllm", reason="the pilot samples with vLLM (scripts/install.sh --vllm)")
     out = tmp_path / "pilot.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu-smoke", "--json", str(out), "--workdir", str(tmp_path / "w")],
                           capture_output=True, text=True, timeout=580, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr + _failed_log_tails(tmp_path / "w" / "logs")
     result = json.loads(out.read_text())
     assert result["schema"] == "opdgrpo.gpu_pilot/2" and result["status"] == "complete"
     jobs = [(r["job"], r["attempt"]) for r in result["jobs"]]

@@ -92,8 +92,9 @@ def test_share_is_the_whole_distillation_run_with_the_share_at_the_match_beside_
     assert _share_verdict("S4", dict(row, distill_share_run=0.05))["S4-share"][1] == "holds"
 
 
-def test_null_error_rates_of_the_rule_are_within_bounds_and_below_the_previous_rules():
+def test_null_error_rates_of_the_rule_are_within_bounds():
+    """True savings 0: the rule says "holds" or "does not hold" in at most 2.5% of studies each (the stated bound;
+    benchmarks/null_savings.py prints the rates at full size, beside the previous rule's)."""
     out = null_savings.simulate(trials=300, seeds=3, rng_seed=0, pool=30)
-    new, old, n = out["new"], out["old"], out["trials"]
+    new, n = out["new"], out["trials"]
     assert new["negative"] / n <= 0.025 and new["positive"] / n <= 0.025
-    assert old["negative"] / n > 0.05 > new["negative"] / n   # the previous rule leant against the pipeline
