@@ -388,7 +388,7 @@ def test_unmet_conditions_sit_in_the_verdict_cell_of_claims_md_and_beside_saving
     savings = {"study": "S4", "seed": 0, "domains": "math+code", "direction": "joint", "target_accuracy": 0.157,
                "joint_flops": 5.71e11, "expert_flops": 2.17e12, "distill_flops": None, "pipeline_flops": 3.94e12,
                "savings": -5.897, "savings_bound": "upper", "savings_sign": "negative", "distill_share": 0.813,
-               "share_bound": "lower", "share_threshold": 0.15, "paper_savings": 0.42, "paper_distill_share": 0.052,
+               "distill_share_run": 0.9, "share_bound": "lower", "share_threshold": 0.15, "paper_savings": 0.42, "paper_distill_share": 0.052,
                "tolerance_points": 0.0, "smooth_window": 3, "tolerance_se": 1.0, "min_joint_gain_se": 3.0,
                "reason": "the distillation never reached 15.7%"}
     conditions = [_cond("S4", 0, "distillation reaches the math expert", "d", False, -1.0),
@@ -399,7 +399,7 @@ def test_unmet_conditions_sit_in_the_verdict_cell_of_claims_md_and_beside_saving
     assert verdict == ("does not hold (indicative: one seed): the pipeline costs more than joint GRPO; conditions "
                        "unmet: distillation within 1 SE of its experts in 0/1")
     assert "| pipeline / joint GRPO FLOPs: >= 6.9x |" in rows["S4-savings"]
-    assert "| distillation / experts' FLOPs: >= 81% |" in rows["S4-share"]
+    assert "| whole distillation / experts' FLOPs: 90% (match >= 81%) |" in rows["S4-share"]
     assert "conditions" not in rows["S1"] and "not measured" in rows["S1"]
     assert cost_ratio(-5.897, "upper") == ">= 6.9x (<= -589.7%)" and cost_ratio(0.25) == "0.8x (25.0%)"
     text = savings_markdown([savings], "tiny", study_conditions(spec, conditions))

@@ -196,19 +196,19 @@ def seeds_note(spec: Mapping[str, Any]) -> str:
     return f"**{n} seeds.** Verdicts are decided by 95% intervals over seeds (holds / does not hold / inconclusive)."
 
 
-def evaluate_claims(
+def _per_seed(
     spec: Mapping[str, Any],
     curves: pd.DataFrame,
     savings_rows: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]],
-) -> list[tuple[ClaimDef, str, str]]:
-    """Every claim of :data:`CLAIMS` with (ours, verdict); a missing study or run gives "not measured"."""
+) -> dict[str, list[tuple]]:
+    """Every claim's per-seed results ``(seed, ours, verdict[, margin, strict])``; a seed whose study cannot be
+    evaluated gives each of its claims ``("n/a", "not measured: <why>")``."""
     studies = spec.get("studies", {}) or {}
     savings = _savings_rows(savings_rows)
-    results: dict[str, tuple[str, str]] = {}
+    out: dict[str, list[tuple]] = {}
     for key, study in REPORTS.items():
         if key not in studies:
             continue
-        per_claim: dict[str, list[tuple[Any, str, str]]] = {}
         for inst in study_instances(studies[key]):
             seed = instance_seed(dict(spec), inst)
             try:
@@ -217,8 +217,21 @@ def evaluate_claims(
                 why = f"the spec's {key} entry lacks key {exc}" if isinstance(exc, KeyError) else str(exc)
                 found = {c.id: ("n/a", f"{UNMEASURED}: {why}") for c in study.study.claims}
             for cid, result in found.items():
-                per_claim.setdefault(cid, []).append((seed, *result))
-        results.update({cid: _combine(v) for cid, v in per_claim.items()})
+                out.setdefault(cid, []).append((seed, *result))
+    return out
+
+
+def evaluate_claims(
+    spec: Mapping[str, Any],
+    curves: pd.DataFrame,
+    savings_rows: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]],
+    per_seed: Mapping[str, list[tuple]] | None = None,
+) -> list[tuple[ClaimDef, str, str]]:
+    """Every claim of :data:`CLAIMS` with (ours, verdict); a missing study or run gives "not measured".
+    ``per_seed``: :func:`seed_results`' answer when the caller already has it (each study is evaluated once)."""
+    studies = spec.get("studies", {}) or {}
+    per_seed = _per_seed(spec, curves, savings_rows) if per_seed is None else per_seed
+    results = {cid: _combine(list(v)) for cid, v in per_seed.items()}
     rows = []
     for c in CLAIMS:
         if c.id in results:
@@ -237,22 +250,9 @@ def seed_results(
     savings_rows: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]],
 ) -> dict[str, list[tuple]]:
     """Every claim's per-seed results ``(seed, ours, verdict[, margin, strict])``, as :func:`evaluate_claims` reads
-    them before merging: claims.md's short cells quote each seed's figure, which the merged text buries."""
-    studies = spec.get("studies", {}) or {}
-    savings = _savings_rows(savings_rows)
-    out: dict[str, list[tuple]] = {}
-    for key, study in REPORTS.items():
-        if key not in studies:
-            continue
-        for inst in study_instances(studies[key]):
-            seed = instance_seed(dict(spec), inst)
-            try:
-                found = study.evaluate(inst, curves, _savings_for(savings, key, seed))
-            except (ReportInputError, KeyError, ValueError):
-                continue   # the merged verdict says why ("not measured"); no figure to quote
-            for cid, result in found.items():
-                out.setdefault(cid, []).append((seed, *result))
-    return out
+    them before merging: claims.md's short cells quote each seed's figure, which the merged text buries. Pass it to
+    :func:`evaluate_claims` to evaluate each study once."""
+    return _per_seed(spec, curves, savings_rows)
 
 
 # ------------------------------------------------------------------------------------- short cells of claims.md
@@ -288,9 +288,10 @@ def cost_ratio(savings: float | None, bound: str = "") -> str:
 
 def _consolidation_figure(cid: str, row: Mapping[str, Any]) -> str:
     """One seed's figure of S4/S5-share (the share) or -savings (the cost ratio), from its savings row."""
-    if cid.endswith("-share"):
-        share = row.get("distill_share")
-        return "n/a" if share is None else f"{'>= ' if row.get('share_bound') else ''}{100 * share:.0f}%"
+    if cid.endswith("-share"):   # the whole distillation run (what the claim tests), the share at the match beside
+        run, match = row.get("distill_share_run"), row.get("distill_share")
+        at = "" if match is None else f" (match {'>= ' if row.get('share_bound') else ''}{100 * match:.0f}%)"
+        return "n/a" if run is None else f"{100 * run:.0f}%{at}"
     ratio = cost_ratio(row.get("savings"), row.get("savings_bound") or "")
     return ratio.split(" (")[0] if "x (" in ratio else "0 FLOPs for joint GRPO"
 
@@ -312,7 +313,8 @@ def short_ours(cid: str, per_seed: list[tuple], savings_rows: list[Mapping[str, 
     with its 95% t interval; the per-seed detail goes to claims_detail.md."""
     study = cid.split("-")[0]
     if study in ("S4", "S5"):
-        label = "distillation / experts' FLOPs" if cid.endswith("-share") else "pipeline / joint GRPO FLOPs"
+        label = ("whole distillation / experts' FLOPs" if cid.endswith("-share")
+                 else "pipeline / joint GRPO FLOPs")
         rows = [_savings_for(savings_rows, study, r[0]).get(study) for r in per_seed]
         figures = [_consolidation_figure(cid, row) if row else "n/a" for row in rows]
     elif study == "S3":
@@ -350,8 +352,8 @@ def claims_pages(
     """
     profile = spec.get("profile", "unknown")
     rows = _savings_rows(savings_rows)
-    evaluated = evaluate_claims(spec, curves, rows)
     per_seed = seed_results(spec, curves, rows)
+    evaluated = evaluate_claims(spec, curves, rows, per_seed)
     notes = {k: conditions_note(v) for k, v in study_conditions(spec, conditions or []).items()}
     head = [*([NO_VERDICTS[profile], ""] if profile in NO_VERDICTS else []),
             f"Measured from this run's run directories (profile `{profile}`), not copied from the paper. Small "
