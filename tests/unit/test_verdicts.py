@@ -406,3 +406,15 @@ def test_unmet_conditions_sit_in_the_verdict_cell_of_claims_md_and_beside_saving
     assert ("- **S4**: pipeline / joint GRPO FLOPs to reach 15.7%: >= 6.9x (<= -589.7%) (paper 0.58x, 42.0%); "
             "conditions unmet: distillation within 1 SE of its experts in 0/1") in text
     assert "| >= 6.9x (<= -589.7%) | conditions unmet: distillation within 1 SE of its experts in 0/1 |" in text
+
+
+@pytest.mark.parametrize("text,n1,n8", [
+    ("GRPO at 1 TFLOP; OPD n=1 at 2 GFLOP, ratio 13.6x; OPD n=8 at 9 GFLOP, ratio > 1.6x", ("1", "13.6x"), ("8", "> 1.6x")),
+    ("GRPO at 1 TFLOP; OPD n=1 at step 0, no ratio; OPD n=8 never reaches the teacher",
+     ("1", "no ratio (step 0 at the teacher)"), ("8", "never")),
+])
+def test_claims_short_s3_cell_reads_every_form_s3_writes(text, n1, n8):
+    """The short S3 cell quotes S3's own text: a ratio, a bound, a crossing at step 0 (no ratio), never."""
+    from opdgrpo.report.claims import _s3_figure
+
+    assert _s3_figure("S3-n1", text) == n1 and _s3_figure("S3-n8", text) == n8

@@ -303,9 +303,12 @@ def _s3_figure(cid: str, ours: str) -> tuple[str, str]:
     if not found:
         return "?", "n/a"
     n, text = found[0] if cid == "S3-n1" else found[-1]
-    if "ratio" in text:
-        return n, text.split("ratio ", 1)[1]
-    return n, "never" if "never" in text else "step 0"
+    ratio = re.search(r"\bratio (>\s*)?(\S+x)\b", text)
+    if ratio:
+        return n, (ratio.group(1) or "") + ratio.group(2)
+    if "no ratio" in text:
+        return n, "no ratio (step 0 at the teacher)"
+    return n, "never" if "never" in text else "n/a"
 
 
 def short_ours(cid: str, per_seed: list[tuple], savings_rows: list[Mapping[str, Any]]) -> str:
