@@ -418,3 +418,22 @@ def test_claims_short_s3_cell_reads_every_form_s3_writes(text, n1, n8):
     from opdgrpo.report.claims import _s3_figure
 
     assert _s3_figure("S3-n1", text) == n1 and _s3_figure("S3-n8", text) == n8
+
+
+def test_s1_compares_a_peak_at_opds_start_at_its_first_budget_not_at_zero_flops():
+    """OPD never rises above its start while GRPO does: comparing at 0 FLOPs sets one base model's step 0 against
+    itself (margin exactly 0); at OPD's first budget GRPO is ahead."""
+    from opdgrpo.report.studies.comparison import compared_budget, loses_per_flop
+
+    assert compared_budget(0.0, [0.0, 5e9, 1e10]) == 5e9 and compared_budget(7e9, [0.0, 5e9, 7e9]) == 7e9
+    rows = []
+    for run, points in {"g": [(0, 0.0, 0.05), (20, 2e9, 0.09), (40, 4e9, 0.11)],
+                        "o": [(0, 0.0, 0.05), (20, 5e9, 0.04), (40, 1e10, 0.03)]}.items():
+        for step, flops, acc in points:
+            rows.append({"run": run, "study": "S1", "method": "x", "train_domains": "math", "seed": 0, "step": step,
+                         "cumulative_flops": flops, "eval_domain": "math", "eval_set": "amc", "accuracy": acc,
+                         "mean_response_length": 3.0})
+    entry = {"comparisons": [{"domain": "math", "grpo": "g", "opd": {"teacher_m": "o"}}], "smooth_window": 3}
+    ours, verdict, margin, strict = loses_per_flop(entry, pd.DataFrame(rows))
+    assert verdict == "holds" and margin == pytest.approx((0.05 + 0.09 + 0.11) / 3 - 0.05)
+    assert "at its start, compared at its first budget, 5 GFLOP" in ours

@@ -32,8 +32,9 @@ class S1(ComparisonStudy):
     )
     direction_tests = (
         "**S1/S1b-acc** - for each domain and OPD teacher, GRPO's best accuracy at cumulative FLOPs <= "
-        "those of OPD's peak is >= OPD's peak accuracy, both on curves smoothed over the study's smooth_window "
-        "evaluation points (holds iff for all pairs)."
+        "those of OPD's peak (of OPD's first evaluation after its start, where the peak is its start: comparing at 0 "
+        "FLOPs would set one base model's step 0 against itself) is >= OPD's peak accuracy, both on curves smoothed "
+        "over the study's smooth_window evaluation points (holds iff for all pairs)."
     )
     direction_tests_rank = 10
 

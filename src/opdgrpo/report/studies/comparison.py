@@ -49,7 +49,8 @@ def _comparison_panels(study: ComparisonEntry, ctx: PlotContext, value: str) -> 
 
 def loses_per_flop(study: ComparisonEntry, curves: pd.DataFrame) -> tuple:
     """The S1 test over a comparison entry: for every domain and OPD teacher, GRPO's best accuracy within the FLOPs
-    of OPD's peak is at least that peak, both read from curves smoothed over the entry's ``smooth_window`` points
+    of OPD's peak (:func:`compared_budget`: its first budget where the peak is its start) is at least that peak,
+    both read from curves smoothed over the entry's ``smooth_window`` points
     (:mod:`opdgrpo.report.matching`: a peak of raw points is the luckiest draw). Returns (ours, verdict,
     margin = worst GRPO - OPD gap, strict=False)."""
     window = int(study.get("smooth_window", DEFAULT_SMOOTH_WINDOW))
@@ -62,17 +63,29 @@ def loses_per_flop(study: ComparisonEntry, curves: pd.DataFrame) -> tuple:
         for label, run in comp.get("opd", {}).items():
             opd = domain_curve(curves, run, domain)
             a_opd, f_opd = best_point(opd["cumulative_flops"], smooth(opd["accuracy"].tolist(), window))
-            g_within = max(a for f, a in zip(grpo["cumulative_flops"], g_acc) if f <= f_opd)
+            budget = compared_budget(f_opd, opd["cumulative_flops"].tolist())
+            g_within = max(a for f, a in zip(grpo["cumulative_flops"], g_acc) if f <= budget)
             ok = g_within >= a_opd - 1e-9
             margins.append(g_within - a_opd)
+            at = (f"at {format_flops(f_opd)}" if budget == f_opd
+                  else f"at its start, compared at its first budget, {format_flops(budget)}")
             parts.append(
-                f"{domain}, {label}: OPD peak {format_pct(a_opd)} at {format_flops(f_opd)} vs GRPO "
+                f"{domain}, {label}: OPD peak {format_pct(a_opd)} {at} vs GRPO "
                 f"{format_pct(g_within)} within that budget (GRPO best {format_pct(g_best[0])} at "
                 f"{format_flops(g_best[1])})"
             )
             if not ok:
                 failures.append(f"{domain}/{label}")
     return _loses_verdict(parts, failures, margins, window)
+
+
+def compared_budget(peak_flops: float, opd_flops: list[float]) -> float:
+    """The FLOPs GRPO is compared within: those of OPD's peak, or, where the peak is OPD's start (0 FLOPs), its first
+    evaluation after it. OPD had that budget to improve and did not; comparing at 0 FLOPs would set GRPO's step-0
+    evaluation against the same evaluation of the same base model, a tie that says nothing about either method."""
+    if peak_flops > 0:
+        return peak_flops
+    return next((f for f in sorted(opd_flops) if f > 0), peak_flops)
 
 
 def _loses_verdict(parts: list[str], failures: list[str], margins: list[float], window: int) -> tuple:
