@@ -261,7 +261,9 @@ def _pts(m: float) -> str:
 
 
 def _pct_of(m: float) -> str:
-    return f"{100 * (m + 0.5):.0f}%"
+    """A share from a margin over one half (S1b-len, S5b), clipped to what a share can be: an interval's ends may
+    lie beyond it."""
+    return f"{100 * min(max(m + 0.5, 0.0), 1.0):.0f}%"
 
 
 #: How a claim's margin reads as a number (label, format), for the claims whose margin has a unit a reader knows.
