@@ -1,8 +1,8 @@
 """The report stage: run directories + a report spec -> ``results/<profile>/report/``.
 
 Modules: :mod:`~opdgrpo.report.curves` (load evals.jsonl into curves.csv's long form, domain/mix accuracy),
-:mod:`~opdgrpo.report.savings` (the paper's headline matched-FLOP savings; our own implementation of DESIGN.md's
-contract, with the ``opdgrpo savings`` CLI), :mod:`~opdgrpo.report.plots` (figures),
+:mod:`~opdgrpo.report.savings` (the paper's headline matched-FLOP savings; our own implementation, the
+contract in docs/method.md, with the ``opdgrpo savings`` CLI), :mod:`~opdgrpo.report.plots` (figures),
 :mod:`~opdgrpo.report.claims` (claims.md) and :mod:`~opdgrpo.report.build` (``opdgrpo report``).
 
 Names are imported lazily so ``python -m opdgrpo.report.savings`` neither loads matplotlib nor trips runpy's

@@ -1,6 +1,6 @@
 """Build ``results/<profile>/report/`` from run directories and the planner's report spec.
 
-The report reads only run directories (DESIGN.md, data flow) and writes, atomically (temp file then ``os.replace``,
+The report reads only run directories (data flows one way: conf -> plan -> runs -> report) and writes, atomically (temp file then ``os.replace``,
 so an interrupted report never leaves a half-written file that Snakemake would take as done):
 
 * ``curves.csv`` -- long form, the contracted columns (:data:`opdgrpo.report.curves.CURVE_COLUMNS`);

@@ -1,7 +1,7 @@
 """``conditions.md``: whether this run's world is one where the consolidation studies can be read at all.
 
 The savings (S4, S5) compare two ways of learning several domains; they say something only where both ways learn.
-docs/method.md ("Measurability conditions", issue 27) fixes three conditions from the paper's setting, before any
+docs/method.md ("Measurability conditions") fixes three conditions from the paper's setting, before any
 run with them and never from a verdict; this table measures them on every seed, so a reader sees whether a verdict
 rests on a world that meets them:
 

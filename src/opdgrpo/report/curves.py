@@ -1,6 +1,6 @@
 """Load evaluation curves from run directories into one long-form table.
 
-The report reads only run directories (DESIGN.md, "Files a run leaves", a contract): each run's ``evals.jsonl`` holds
+The report reads only run directories (the files a run leaves, listed in the README): each run's ``evals.jsonl`` holds
 one JSON object per evaluation point. This module turns those files into ``curves.csv``'s long form, one row per
 run x study x evaluation point x held-out set, and provides the two aggregations every later stage needs:
 a domain's accuracy (mean of its held-out sets) and a mix's accuracy (mean of its domains).
@@ -23,7 +23,7 @@ import pandas as pd
 from opdgrpo.plan.studies import REGISTRY
 from opdgrpo.runio import IN_DOMAIN_SET, history_changes, iter_jsonl
 
-#: The contracted column order of ``curves.csv`` (DESIGN.md, "Files a run leaves").
+#: The column order of ``curves.csv``, which users read and the README lists: part of its contract.
 CURVE_COLUMNS: list[str] = [
     "run",
     "study",
@@ -247,8 +247,8 @@ def domain_accuracy(df: pd.DataFrame) -> pd.DataFrame:
 
     The ``in_domain`` set (an S2 run's own training prompts) is left out: it is not held out.
 
-    Why a plain mean over sets: DESIGN.md's savings contract defines it so (AIME and AMC weigh equally, whatever
-    their sizes). Returns :data:`POINT_KEYS` + ``eval_domain, accuracy, mean_response_length``, sorted by step.
+    Why a plain mean over sets: the paper reports math as the mean of its benchmarks, so AIME and AMC weigh
+    equally, whatever their sizes. Returns :data:`POINT_KEYS` + ``eval_domain, accuracy, mean_response_length``, sorted by step.
     """
     keys = [k for k in POINT_KEYS if k in df.columns] + ["eval_domain"]
     if "eval_set" in df.columns:  # a subset run's scores on its own training prompts are not held-out accuracy

@@ -1,7 +1,7 @@
 """Matched-FLOP savings of consolidation by multi-teacher OPD against joint GRPO -- the paper's headline number.
 
-This is our own implementation of DESIGN.md's "Matched-FLOP savings" contract (the paper's code is not available);
-the definitions below are the contract's, made precise where it leaves room:
+This is our own implementation of the paper's matched-FLOP comparison (its code is not available); the definitions
+below are the contract this module keeps (docs/method.md, "Savings that always answer"):
 
 * A domain's accuracy is the mean of its held-out sets; the mix accuracy is the mean of the mix's domains
   (:func:`opdgrpo.report.curves.mix_accuracy`). Curves are *smoothed* (a trailing moving average over

@@ -2,7 +2,7 @@
 then cut the prompts into subsets by those two solve rates.
 
 The paper forms 8 math subsets "from solve rates of a Qwen3-1.7B student and a Qwen3-4B thinking teacher" without
-stating its cut points (PAPER.md). Our rule, configurable in ``conf/study/s2.yaml``:
+stating its cut points. Our rule, configurable in ``conf/study/s2.yaml``:
 
 1. Draw ``pool_size`` prompts of the domain's training pool (a fixed, seeded sample; ``null``: every prompt).
 2. Sample ``k`` completions of each prompt from each model at ``temperature``; solve rate = share rewarded 1.

@@ -1,6 +1,6 @@
 """Shared base of S4 and S5: one GRPO expert per domain, then multi-teacher OPD of the experts into the base
 student, against joint GRPO on the mix of the same domains. The paper's headline: matched-FLOP savings
-(:func:`opdgrpo.report.savings.compute_savings`, DESIGN.md's contract).
+(:func:`opdgrpo.report.savings.compute_savings`; docs/method.md).
 
 * **<S>-share**: distill share (distillation FLOPs to the target / experts' final FLOPs) < ``share_threshold``
   (15% by default, :data:`opdgrpo.report.matching.DEFAULT_SHARE_THRESHOLD`: the paper's "small fraction" is 5.2% and
@@ -46,7 +46,7 @@ class ConsolidationEntry(TypedDict):
 
 @dataclass(frozen=True)
 class PaperSavings:
-    """The paper's figures for a consolidation study (PAPER.md), shown beside ours in savings.csv/.md."""
+    """The paper's figures for a consolidation study (its tables), shown beside ours in savings.csv/.md."""
 
     savings: float         # 1 - pipeline / joint
     distill_share: float   # distillation / experts
