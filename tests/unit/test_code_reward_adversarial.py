@@ -297,20 +297,21 @@ def fenced(program: str) -> str:
     return f"Let me solve it.\n```python\n{program}```\n"
 
 
+def _rewards(answer: dict, correct: str, cheats: dict[str, str]) -> dict[str, float]:
+    """Every program of one problem scored in one call, by name ("correct" and each cheat's)."""
+    programs = [correct, *cheats.values()]
+    results = check_completions([answer] * len(programs), [fenced(p) for p in programs], CONFIG)
+    return {name: r.reward for name, r in zip(["correct", *cheats], results)}
+
+
 @pytest.fixture(scope="module")
 def stdin_rewards() -> dict[str, float]:
-    names = ["correct", *STDIN_CHEATS]
-    programs = [STDIN_CORRECT, *STDIN_CHEATS.values()]
-    results = check_completions([STDIN_ANSWER] * len(programs), [fenced(p) for p in programs], CONFIG)
-    return {name: r.reward for name, r in zip(names, results)}
+    return _rewards(STDIN_ANSWER, STDIN_CORRECT, STDIN_CHEATS)
 
 
 @pytest.fixture(scope="module")
 def functional_rewards() -> dict[str, float]:
-    names = ["correct", *FUNC_CHEATS]
-    programs = [FUNC_CORRECT, *FUNC_CHEATS.values()]
-    results = check_completions([FUNC_ANSWER] * len(programs), [fenced(p) for p in programs], CONFIG)
-    return {name: r.reward for name, r in zip(names, results)}
+    return _rewards(FUNC_ANSWER, FUNC_CORRECT, FUNC_CHEATS)
 
 
 def test_correct_stdin_program_is_paid(stdin_rewards):
