@@ -33,7 +33,10 @@ DRY_RUNS = {"unchanged": ("profile=smoke",),
             "grpo_clip_eps": ("profile=smoke", "overrides=[methods.grpo.clip_eps=0.3]"),
             # keys that change no result (opdgrpo.job_identity): a finished DAG stays finished
             "runtime_keys": ("profile=smoke", "overrides=[train.nonfinite=skip,train.max_nonfinite_skips=5,"
-                                              "+train.activation_checkpointing=true]")}
+                                              "+train.activation_checkpointing=true]"),
+            # the same CLI spelled another way (as a second checkout or another venv path would): how a job is
+            # started is no part of what it computes
+            "other_launcher": ("profile=smoke", f"opdgrpo_cmd=env OPDGRPO_UNUSED=1 {sys.executable} -m opdgrpo.cli")}
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +114,14 @@ def test_keys_that_change_no_result_rerun_nothing(dry_runs):
     """Switching the non-finite policy or activation recomputation (or tracking: tests/unit/test_job_identity.py)
     leaves a finished DAG finished; a result-changing key reruns (the two tests below)."""
     dry = dry_runs["runtime_keys"]
+    assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_another_spelling_of_the_command_reruns_nothing(dry_runs):
+    """Snakemake reruns a job whose rule's shell text changed; the rules name the interpreter and the CLI by
+    placeholders (workflow/rules/common.smk), so a finished DAG stays finished under another interpreter path."""
+    dry = dry_runs["other_launcher"]
     assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-2000:]
 
 

@@ -63,9 +63,16 @@ from opdgrpo.cost.schedule import priorities as _priorities
 
 PRIORITY = _priorities(CFG, PLAN)
 
-# The package's CLI, run by the interpreter that runs Snakemake (so it works without an activated venv);
-# `--config opdgrpo_cmd=...` replaces it, e.g. for a cluster with its own environment.
-OPDGRPO = config.get("opdgrpo_cmd", f"{shlex.quote(sys.executable)} -m opdgrpo.cli")
+# How a job is started never reruns it. Snakemake reruns a job whose rule's shell text changed ("Code has changed
+# since last execution"), so a rule's shell text names the interpreter and the launchers by these variables, which
+# Snakemake fills in when it runs the job, and never spells their values: a second checkout of the same repository, a
+# venv at another path, `python` for `python3` or a new `opdgrpo_cmd` leaves finished jobs finished.
+# PYTHON: the interpreter that runs Snakemake (so jobs run without an activated venv).
+PYTHON = shlex.quote(sys.executable)
+# The package's CLI; `--config opdgrpo_cmd=...` replaces it, e.g. for a cluster with its own environment.
+OPDGRPO = config.get("opdgrpo_cmd", f"{PYTHON} -m opdgrpo.cli")
+# A multi-process job's launcher when `--config launch_cmd=...` replaces torchrun.
+LAUNCH_CMD = config.get("launch_cmd")
 
 
 # Keys of a `resources.<kind>` block the planner and the rules read, not resources SLURM is asked for.
@@ -114,14 +121,16 @@ def stop_resources(job_of):
 
 
 def launcher(procs, override=None):
-    """What starts a job's processes: the package's CLI for one; for several, torchrun on one node with a free port
-    per job, which passes SLURM's warning on to its processes and waits the job's signal lead for them
-    (`--shutdown-timeout`; its own default, 30 s, would kill a checkpoint save of a large model half-way).
-    `override` (`--config launch_cmd=...`) replaces the torchrun command."""
+    """What starts a job's processes, as shell text with placeholders (see PYTHON above): the package's CLI for one;
+    for several, torchrun on one node with a free port per job, which passes SLURM's warning on to its processes and
+    waits the job's signal lead for them (`--shutdown-timeout`; its own default, 30 s, would kill a checkpoint save of
+    a large model half-way). `override` (`--config launch_cmd=...`) replaces the torchrun command."""
     if procs == 1:
-        return OPDGRPO
-    return override or (
-        f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nnodes 1 --nproc_per_node {procs} "
+        return "{OPDGRPO}"
+    if override:
+        return "{LAUNCH_CMD}"
+    return (
+        f"{{PYTHON}} -m torch.distributed.run --standalone --nnodes 1 --nproc_per_node {procs} "
         "--shutdown-timeout {resources.signal_lead_s} -m opdgrpo.cli"
     )
 
@@ -130,7 +139,7 @@ def launcher(procs, override=None):
 # torch.distributed (opdgrpo.train.distributed). A base evaluation of a hub or random model with several GPUs splits
 # every held-out set over them, one vLLM engine each (opdgrpo.stages.hub_models.fetch_base).
 TRAIN_PROCS = processes("train")
-TRAIN_CMD = launcher(TRAIN_PROCS, config.get("launch_cmd"))
+TRAIN_CMD = launcher(TRAIN_PROCS, LAUNCH_CMD)
 BASE_CMD = launcher(processes("base"))
 
 
