@@ -322,9 +322,9 @@ def test_s3_a_rise_by_step_10_is_not_a_crossing_at_0_flops():
     0-FLOP point is step 0 alone and every crossing lies between steps 0 and 10, interpolated on the trailing mean."""
     curves = _s3_curves([0.05, 0.60, 0.30, 0.30, 0.30], [0.05, 0.90, 0.90, 0.90], [0.05, 0.90, 0.90, 0.90])
     found = REPORTS["S3"].evaluate(dict(S3_ENTRY), curves, {})
-    ours, verdict, margin, _ = found["S3-n1"]
+    ours, verdict, margin, *_ = found["S3-n1"]
     f_grpo, f_opd = 100 * 0.25 / 0.275, 10 * 0.25 / 0.425      # GRPO 5% -> 32.5%, OPD 5% -> 47.5% over 10 steps
-    assert verdict == "holds" and margin == pytest.approx(math.log(f_grpo / f_opd))
+    assert verdict == "holds" and margin == pytest.approx((math.log(f_grpo / f_opd),) * 2)
     assert "no better" not in ours + verdict and "step 0" not in ours and found["S3-n8"][1] == "holds"
 
 
@@ -345,7 +345,53 @@ def test_s3_teacher_far_above_step_0_is_never_called_no_better_than_the_start():
     curves = _s3_curves([0.05, 0.10, 0.20, 0.30, 0.30], [0.05, 0.90, 0.90, 0.90], [0.05, 0.90, 0.90, 0.90])
     found = REPORTS["S3"].evaluate(dict(S3_ENTRY), curves, {})
     assert all("no better" not in found[cid][1] for cid in ("S3-n1", "S3-n8"))
-    assert found["S3-n1"][1] == "holds" and found["S3-n1"][2] > 0
+    assert found["S3-n1"][1] == "holds" and found["S3-n1"][2][0] > 0
+
+
+def test_s3_a_run_that_never_reaches_the_teacher_gives_a_range_not_a_verdict_by_fiat():
+    """A run that never reaches the teacher needs more than its whole run: GRPO never -> the ratio is at least
+    GRPO's total over OPD's crossing; OPD n=8 never -> at most F_grpo over its whole run (not 'ratio 0'); both never
+    -> unsettled. The margins are those ranges, tested with S3's floor over seeds."""
+    from opdgrpo.report.studies.s3 import S3_FLOOR
+
+    never = [0.05, 0.10, 0.10, 0.10, 0.10]
+    # GRPO (the teacher) rises to 30%, reached at 300 FLOPs (trailing window of 3); OPD n=1 reaches it, OPD n=8
+    # never does in its 160 FLOPs: ratio(8) < 300 / 160, which does not settle the sign
+    grpo = [0.05, 0.30, 0.30, 0.30, 0.30]
+    found = REPORTS["S3"].evaluate(dict(S3_ENTRY), _s3_curves(grpo, [0.05, 0.9, 0.9, 0.9], never), {})
+    ours, verdict, margin, strict, floor = found["S3-n8"]
+    assert floor == S3_FLOOR and strict and margin[0] == -math.inf and margin[1] == pytest.approx(math.log(300 / 160))
+    assert "n=8 never reached it (> 160 FLOP), ratio < 1.9x" in ours and verdict.startswith("inconclusive")
+    # unsmoothed, GRPO reaches it at 100 FLOPs, below OPD n=8's whole run: ratio(8) < 0.625 <= 1 for sure
+    found = REPORTS["S3"].evaluate(dict(S3_ENTRY, smooth_window=1), _s3_curves(grpo, [0.05, 0.9, 0.9, 0.9], never), {})
+    ours, verdict, margin, *_ = found["S3-n8"]
+    assert verdict.startswith("does not hold: ratio(n=8) <= 1") and margin[1] == pytest.approx(math.log(100 / 160))
+    # GRPO never reaches a teacher it defines only when the teacher is another run: use OPD n=1 as the teacher
+    found = REPORTS["S3"].evaluate(dict(S3_ENTRY, teacher="opd1"), _s3_curves(never, [0.05, 0.9, 0.9, 0.9], never), {})
+    ours, verdict, margin, *_ = found["S3-n1"]
+    assert "GRPO reached it at never (> 400 FLOP)" in ours and "ratio > " in ours
+    assert verdict == "holds" and margin[0] > 0 and math.isinf(margin[1])
+    ours, verdict, margin, *_ = found["S3-n8"]
+    assert "ratio unsettled" in ours and verdict.startswith("inconclusive") and margin == (-math.inf, math.inf)
+
+
+def test_s3_over_seeds_one_monotone_test_whatever_each_seed_gives():
+    """Over seeds S3 takes one monotone interval with its floor: three ratios of 2x, 2.1x, 2.2x hold; replacing the
+    best by a lower bound on it still holds, by an upper bound does not hold any more, and a seed that never settles
+    leaves it inconclusive; three nearly equal ratios just above 1 do not decide alone."""
+    from opdgrpo.report.claims import _combine
+    from opdgrpo.report.studies.s3 import S3_FLOOR
+
+    def seeds(*margins):
+        return [(i, "ours", "x", m, True, S3_FLOOR) for i, m in enumerate(margins)]
+
+    r = [(math.log(v),) * 2 for v in (2.0, 2.1, 2.2)]
+    assert _combine(seeds(*r))[1] == "holds"
+    assert _combine(seeds(r[0], r[1], (r[2][0], math.inf)))[1] == "holds"
+    assert _combine(seeds(r[0], r[1], (-math.inf, r[2][1])))[1].startswith("inconclusive")
+    assert _combine(seeds(r[0], r[1], (-math.inf, math.inf)))[1].startswith("inconclusive")
+    near = [(math.log(v),) * 2 for v in (1.01, 1.011, 1.012)]
+    assert _combine(seeds(*near))[1].startswith("inconclusive")
 
 
 # ----------------------------------------------------------------------- conditions beside verdicts, short cells
@@ -412,6 +458,8 @@ def test_unmet_conditions_sit_in_the_verdict_cell_of_claims_md_and_beside_saving
     ("GRPO at 1 TFLOP; OPD n=1 at 2 GFLOP, ratio 13.6x; OPD n=8 at 9 GFLOP, ratio > 1.6x", ("1", "13.6x"), ("8", "> 1.6x")),
     ("GRPO at 1 TFLOP; OPD n=1 at step 0, no ratio; OPD n=8 never reaches the teacher",
      ("1", "no ratio (step 0 at the teacher)"), ("8", "never")),
+    ("GRPO at 1 TFLOP; OPD n=1 never reached it (> 3 GFLOP), ratio < 0.3x; OPD n=8 never reached it (> 3 GFLOP), "
+     "ratio unsettled (neither run reached it)", ("1", "< 0.3x"), ("8", "unsettled (neither reached it)")),
 ])
 def test_claims_short_s3_cell_reads_every_form_s3_writes(text, n1, n8):
     """The short S3 cell quotes S3's own text: a ratio, a bound, a crossing at step 0 (no ratio), never."""

@@ -43,15 +43,17 @@ CLAIMS: list[ClaimDef] = [claim for study in REGISTRY.values() for claim in stud
 
 _SEEDS_RULE = (
     "With one seed every verdict is indicative (it says which way this run went, with no interval). With several "
-    "seeds each test gives a margin per seed (positive iff it holds): with 3 or more seeds the claim holds when the "
-    "95% t interval of the margin over seeds lies above 0, does not hold when it lies at or below 0, and is "
-    "inconclusive when it spans 0; with 2 seeds the interval (t with 1 degree of freedom) decides only when it "
-    "excludes 0, and otherwise two seeds that agree give an indicative verdict. Tests without a margin hold iff they "
-    "hold for every seed, do not hold when no seed holds and none is left undecided, and are inconclusive otherwise "
-    "(a savings bound that does not settle its sign leaves its seed undecided, as does a seed whose test is undefined, "
-    "e.g. S3's teacher no better than the base; a claim undefined on every seed is not measured). Savings and S3's "
-    "crossings read smoothed curves "
-    "and count a target as reached within one standard error of one evaluation, clustered by prompt (docs/method.md)."
+    "seeds each test gives a margin per seed (positive iff it holds): the claim holds when the 95% interval of the "
+    "margin over seeds lies above 0, does not hold when it lies at or below 0, and is inconclusive when it spans 0. "
+    "Margins that are always figures (S1, S1b-acc, S2) take the t interval; margins a seed may only bound (the "
+    "savings, S3's FLOP ratios, where a run never reached its target) or that move in steps (S1b-len, S5b) take one "
+    "monotone interval whatever each seed gives, with a least spread, so a bound never says more than a figure and "
+    "seeds that agree closely by chance do not decide alone. With 2 seeds an interval that spans 0 leaves an "
+    "indicative verdict when both seeds agree. Tests without a margin hold iff they hold for every seed, do not hold "
+    "when no seed holds and none is left undecided, and are inconclusive otherwise (a seed whose test is undefined, "
+    "e.g. S3's teacher no better than the base, is undecided; a claim undefined on every seed is not measured). "
+    "Savings and S3's crossings read curves smoothed over a trailing window and count a target as reached within one "
+    "standard error of one evaluation, clustered by prompt (docs/method.md)."
 )
 
 #: The label of a verdict from one seed: it shows a direction, no interval decides it.
@@ -305,11 +307,13 @@ def _s3_figure(cid: str, ours: str) -> tuple[str, str]:
     if not found:
         return "?", "n/a"
     n, text = found[0] if cid == "S3-n1" else found[-1]
-    ratio = re.search(r"\bratio (>\s*)?(\S+x)\b", text)
+    ratio = re.search(r"\bratio ([<>]\s*)?(\S+x)\b", text)
     if ratio:
         return n, (ratio.group(1) or "") + ratio.group(2)
     if "no ratio" in text:
         return n, "no ratio (step 0 at the teacher)"
+    if "unsettled" in text:
+        return n, "unsettled (neither reached it)"
     return n, "never" if "never" in text else "n/a"
 
 

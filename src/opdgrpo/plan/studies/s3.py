@@ -12,10 +12,12 @@ ratio(n) = F_grpo / F_opd(n). The teacher's own GRPO FLOPs are excluded, as in t
 * **S3-n1** holds iff ratio(n_min) > 1;
 * **S3-n8** holds iff ratio(n_max) > 1 and ratio(n_min) > ratio(n_max).
 
-If GRPO never reaches it, F_grpo > its final FLOPs is used as a bound; ratio(n_min) > ratio(n_max) is then still
-decided, as it is equivalent to F_opd(n_min) < F_opd(n_max). An OPD run that never reaches it fails its test
-(ratio 0); a run that reaches the teacher at its step-0 evaluation (smoothing only looks back, so only where the
-initial student is within tolerance of the teacher) makes the ratios undefined: "not measured", naming that step 0.
+A run that never reaches it needs more than its whole run, so each ratio is a figure or a range (GRPO never: at
+least GRPO's total / F_opd(n); OPD never: at most F_grpo / OPD's total; both: unsettled), and ratio(n_min) >
+ratio(n_max) is F_opd(n_min) < F_opd(n_max). Over seeds one monotone interval of the log-ratio margins decides,
+whatever each seed gives (:mod:`opdgrpo.report.studies.s3`). A run that reaches the teacher at its step-0 evaluation
+(smoothing only looks back, so only where the initial student is within tolerance of the teacher) makes the ratios
+undefined: "not measured", naming that step 0.
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ class S3(Study[S3Entry]):
         "rollouts/prompt to first reach it (smoothed curves, reached within the evaluation's standard error, linear "
         "interpolation between evaluation points); S3-n1 holds iff "
         "ratio(n_min) > 1, S3-n8 iff ratio(n_max) > 1 and ratio(n_min) > ratio(n_max), with n_min, n_max the spec's "
-        "fewest and most rollouts per prompt (1 and 8 in the paper)."
+        "fewest and most rollouts per prompt (1 and 8 in the paper). A run that never reaches the teacher bounds its "
+        "ratio (more FLOPs than its whole run), and a bound settles a seed only when it excludes 1."
     )
     direction_tests_rank = 30
     run_keys = frozenset({"grpo", "teacher", "opd"})

@@ -12,8 +12,8 @@ from opdgrpo.plan.studies.s3 import S3Entry
 from opdgrpo.report.curves import domain_curve, format_flops, format_pct
 from opdgrpo.report.matching import MatchRule, eval_sizes, mix_se, smooth, start_of
 from opdgrpo.report.plots import STEP0_CAPTION, Panel, render
-from opdgrpo.report.savings import first_crossing_flops
-from opdgrpo.report.uncertainty import FAILS, HOLDS, UNMEASURED
+from opdgrpo.report.savings import SAVINGS_FLOOR, first_crossing_flops
+from opdgrpo.report.uncertainty import FAILS, HOLDS, INCONCLUSIVE, UNMEASURED
 
 from .base import StudyReport, Verdicts
 
@@ -77,7 +77,9 @@ class S3Report(StudyReport[S3Entry]):
         if not opd_runs:
             return {}
         f_opd = {int(str(n)): reached(run, f"OPD n={n}") for n, run in opd_runs}
-        ratios = _Ratios(f_grpo, grpo_total, f_opd, step0)
+        opd_total = {int(str(n)): float(domain_curve(curves, run, domain)["cumulative_flops"].iloc[-1])
+                     for n, run in opd_runs}
+        ratios = _Ratios(f_grpo, grpo_total, f_opd, opd_total, step0)
         n1 = int(str(opd_runs[0][0]))
         out: Verdicts = {"S3-n1": ratios.n1_verdict(head, n1)}
         if len(opd_runs) > 1:
@@ -90,15 +92,31 @@ def _at(flops: float) -> str:
     return "step 0 (0 FLOPs)" if flops <= 0 else format_flops(flops)
 
 
-class _Ratios:
-    """S3's FLOP ratios to the teacher's accuracy: F_grpo (or GRPO's total as a bound) over F_opd(n).
+#: S3's least spread over seeds, on the log FLOP ratio. The ratio is the same kind of figure as the savings (two
+#: methods' FLOPs to one accuracy), so it takes the savings' least spread expressed as a ratio: a 5-point spread of
+#: savings near 0 is a spread of ln(1 / 0.95) in the log ratio. So S3's test is one monotone interval over seeds
+#: whatever each seed gives (a ratio, or the range a run that never reached the teacher leaves it), and three seeds
+#: that agree closely by chance do not decide alone.
+S3_FLOOR = -math.log(1.0 - SAVINGS_FLOOR)
 
-    A run that reaches the teacher at its step-0 evaluation (``step0``: who -> why) leaves the ratios undefined: with
-    smoothing that only looks back, that happens only where the initial student already is within tolerance of the
-    teacher, so there is nothing to reach and neither method costs anything (no ratio of 0 or infinity, no log(0))."""
+
+def _log_range(reached: float | None, total: float) -> tuple[float, float]:
+    """The log FLOPs a run needs to reach the teacher: its crossing, or beyond its whole run if it never crossed."""
+    return (math.log(reached), math.log(reached)) if reached is not None else (math.log(total), math.inf)
+
+
+class _Ratios:
+    """S3's FLOP ratios to the teacher's accuracy, F_grpo / F_opd(n), each as the range it may lie in.
+
+    A run that never reaches the teacher needs more than its whole run (a lower bound on its FLOPs), so a ratio is a
+    figure, a bound, or unsettled; the claims' margins are log ratios as ranges (interval arithmetic), tested over
+    seeds by one monotone interval with spread at least :data:`S3_FLOOR`. A run that reaches the teacher at its
+    step-0 evaluation (``step0``: who -> why) leaves the ratios undefined: with smoothing that only looks back, that
+    happens only where the initial student already is within tolerance of the teacher, so there is nothing to reach
+    and neither method costs anything (no ratio of 0 or infinity, no log(0))."""
     def __init__(self, f_grpo: float | None, grpo_total: float, f_opd: dict[int, float | None],
-                 step0: Mapping[str, str] | None = None):
-        self.f_grpo, self.grpo_total, self.f_opd = f_grpo, grpo_total, f_opd
+                 opd_total: Mapping[int, float], step0: Mapping[str, str] | None = None):
+        self.f_grpo, self.grpo_total, self.f_opd, self.opd_total = f_grpo, grpo_total, f_opd, dict(opd_total)
         self.step0 = dict(step0 or {})
 
     def at_start(self, *ns: int) -> str | None:
@@ -111,50 +129,66 @@ class _Ratios:
             return "a run reached the teacher at its first evaluation, before any training"
         return None
 
-    def text(self, n: int) -> tuple[str, float | None, str | None]:
-        """(text, ratio or lower bound, reason it is undefined)."""
+    def _opd_range(self, n: int) -> tuple[float, float]:
+        return _log_range(self.f_opd[n], self.opd_total[n])
+
+    def log_ratio(self, n: int) -> tuple[float, float]:
+        """The range of ln(F_grpo / F_opd(n))."""
+        g_lo, g_hi = _log_range(self.f_grpo, self.grpo_total)
+        o_lo, o_hi = self._opd_range(n)
+        return g_lo - o_hi, g_hi - o_lo
+
+    def text(self, n: int) -> str:
+        """OPD(n)'s crossing and its ratio (a figure, a bound, or none)."""
         fo = self.f_opd[n]
-        if fo is None:
-            return f"OPD n={n} never reached it", None, f"OPD with {n} rollout(s)/prompt never reached the teacher"
-        if fo <= 0 or (self.f_grpo is not None and self.f_grpo <= 0):
-            return f"OPD n={n} at {_at(fo)}, no ratio", None, self.at_start(n)
-        if self.f_grpo is None:
-            r = self.grpo_total / fo
-            return f"OPD n={n} at {format_flops(fo)}, ratio > {r:.1f}x", r, None
-        r = self.f_grpo / fo
-        return f"OPD n={n} at {format_flops(fo)}, ratio {r:.1f}x", r, None
+        if fo is not None and fo <= 0 or (self.f_grpo is not None and self.f_grpo <= 0):
+            return f"OPD n={n} at {_at(fo) if fo is not None else 'never'}, no ratio"
+        where = f"at {format_flops(fo)}" if fo is not None else \
+            f"never reached it (> {format_flops(self.opd_total[n])})"
+        lo, hi = (math.exp(v) for v in self.log_ratio(n))
+        if lo == hi:
+            ratio = f"ratio {lo:.1f}x"
+        elif lo == 0.0 and math.isinf(hi):
+            ratio = "ratio unsettled (neither run reached it)"
+        elif math.isinf(hi):
+            ratio = f"ratio > {lo:.1f}x"
+        else:
+            ratio = f"ratio < {hi:.1f}x"
+        return f"OPD n={n} {where}, {ratio}"
 
     def n1_verdict(self, head: str, n1: int) -> tuple:
-        """S3-n1: ratio(n_min) > 1."""
-        text1, r1, why1 = self.text(n1)
+        """S3-n1: ratio(n_min) > 1, i.e. margin ln ratio(n_min) > 0."""
+        ours = f"{head}; {self.text(n1)}"
         zero = self.at_start(n1)
         if zero is not None:
-            return (f"{head}; {text1}", f"{UNMEASURED}: {zero}")
-        if why1 is not None:
-            return (f"{head}; {text1}", f"{FAILS}: {why1}")
-        return (f"{head}; {text1}", HOLDS if r1 > 1 else f"{FAILS}: ratio {r1:.2f} <= 1", math.log(r1), True)
+            return (ours, f"{UNMEASURED}: {zero}")
+        margin = self.log_ratio(n1)
+        return (ours, _seed_verdict(margin, [f"ratio(n={n1}) <= 1"]), margin, True, S3_FLOOR)
 
     def n8_verdict(self, head: str, n1: int, n8: int) -> tuple:
-        """S3-n8: ratio(n_max) > 1 and ratio(n_min) > ratio(n_max)."""
-        f_opd = self.f_opd
-        text1, r1, why1 = self.text(n1)
-        text8, r8, why8 = self.text(n8)
-        ours = f"{head}; {text1}; {text8}"
+        """S3-n8: ratio(n_max) > 1 and ratio(n_min) > ratio(n_max), i.e. margin min(ln ratio(n_max),
+        ln(F_opd(n_max) / F_opd(n_min))) > 0 (both ratios share F_grpo, so the second test compares OPD's FLOPs)."""
+        ours = f"{head}; {self.text(n1)}; {self.text(n8)}"
         zero = self.at_start(n1, n8)
-        never = [n for n in (n1, n8) if f_opd[n] is None]
         if zero is not None:
             return (ours, f"{UNMEASURED}: {zero}")
-        if never:  # a run that never reaches the teacher has ratio 0: the n_max test cannot pass
-            return (ours, f"{FAILS}: {why1 if n1 in never else why8}")
-        # Both ratios share the numerator F_grpo, so ratio(n_min) > ratio(n_max) <=> F_opd(n_min) < F_opd(n_max).
-        above_one = r8 > 1 if self.f_grpo is not None else self.grpo_total >= f_opd[n8]
-        smaller = f_opd[n1] < f_opd[n8]
-        margin = min(math.log(r8), math.log(r1 / r8)) if self.f_grpo is not None else None
-        if above_one and smaller:
-            return (ours, HOLDS, margin, True)
-        why = [] if above_one else [f"ratio(n={n8}) <= 1"]
-        why += [] if smaller else [f"ratio(n={n1}) <= ratio(n={n8})"]
-        return (ours, f"{FAILS}: {' and '.join(why)}", margin, True)
+        above = self.log_ratio(n8)
+        o1, o8 = self._opd_range(n1), self._opd_range(n8)
+        cheaper = (o8[0] - o1[1], o8[1] - o1[0])
+        margin = (min(above[0], cheaper[0]), min(above[1], cheaper[1]))
+        why = [w for w, (_, hi) in ((f"ratio(n={n8}) <= 1", above), (f"ratio(n={n1}) <= ratio(n={n8})", cheaper))
+               if hi <= 0]
+        return (ours, _seed_verdict(margin, why), margin, True, S3_FLOOR)
+
+
+def _seed_verdict(margin: tuple[float, float], why: list[str]) -> str:
+    """One seed's verdict from its margin's range: holds above 0, does not hold at or below 0, else unsettled."""
+    lo, hi = margin
+    if lo > 0:
+        return HOLDS
+    if hi <= 0:
+        return f"{FAILS}: {' and '.join(why) if why else 'the margin is at or below 0'}"
+    return f"{INCONCLUSIVE}: a run that never reached the teacher leaves the ratio unsettled"
 
 
 def _as_int(value: Any) -> float:
