@@ -1,5 +1,6 @@
 """Probe how far GRPO experts learn in the tiny world, and how much headroom a model leaves them (docs/method.md,
-"What GRPO's knobs do at this budget"): the measurements behind issue 27's first condition, every expert gaining 4 SE.
+"What GRPO's knobs do at this budget"): the measurements behind the first measurability condition
+(docs/method.md, "Measurability conditions"): every GRPO expert gains at least 4 SE on its own domain.
 
     python scripts/grpo_probe.py train SETTINGS [--results results] [--out /tmp/grpo_probe] [--parallel 2]
     python scripts/grpo_probe.py passk MODEL_DIR [--results results] [--k 16] [--temperature 1.0] [--prompts 60]

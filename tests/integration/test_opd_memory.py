@@ -1,6 +1,6 @@
 """Peak memory of OPD's loss with ``train.logit_chunk_tokens``: it grows with the chunk, not with rows x length x
 vocabulary (a 32,768-entry vocabulary, rows of 512 response tokens; 46 s on the Zen 1's 2 cores, hence not a unit
-test: 100 s with 2 and 4 rows, before issue 25's cuts).
+test: 100 s with 2 and 4 rows, before it was cut to 1 and 2 rows to shorten CI).
 
 How it is measured: :func:`opdgrpo.cost.memprobe.peak_bytes`, torch.profiler with ``profile_memory``: every CPU tensor
 allocation and free the allocator reports, summed in time order; the largest sum is the peak beyond what existed

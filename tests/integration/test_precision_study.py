@@ -1,6 +1,6 @@
-"""Results travel across precisions (issue 25): a small seeded study run in float32 and in bf16 autocast, read by the
-verdict machinery of claims.md (95% t intervals over seeds, :mod:`opdgrpo.report.uncertainty`), agrees within its
-intervals.
+"""Results travel across precisions (docs/speed.md, "Precision per machine"): a small seeded study run in float32
+and in bf16 autocast, read by the verdict machinery of claims.md (95% t intervals over seeds,
+:mod:`opdgrpo.report.uncertainty`), agrees within its intervals.
 
 The study: GRPO from the smoke student, three seeds, each run once per precision; the claim read is "GRPO raises the
 held-out score" (the last evaluation minus the step-0 one, per seed). A claim that is inconclusive in both arithmetics

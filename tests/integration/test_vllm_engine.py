@@ -335,7 +335,7 @@ def _se(p: float, q: float, n: int) -> float:
 
 def test_vllm_grpo_raises_the_heldout_score_as_hf_does(smoke_world, tmp_path, monkeypatch):
     """A short GRPO run (16 steps of 8 prompts x 8 samples) raises the held-out score under ``train.engine: vllm`` as
-    it does under ``hf`` (issue 14): each run's final held-out avg@k exceeds its step-0 score by at least
+    it does under ``hf``: each run's final held-out avg@k exceeds its step-0 score by at least
     ``RISE_SES`` standard errors of the difference, and the two engines' final scores agree within ``AGREE_SES``.
 
     What is rigged: the reward. The smoke student (and the 300-step ``knowing_student``) learn no real domain in a

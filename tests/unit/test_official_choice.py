@@ -81,7 +81,7 @@ CASES = [
     departs("I'm not sure.", 10, "I", None, "a word, not an option"),
     departs("A cell divides in two.", 4, "A", None, "a word, not an option"),
     departs("It is either B or C.", 4, "C", None, "several options"),
-    # issue 26: the Oxford comma joins a list too (found in published MMLU-Pro responses; a policy listing every
+    # the Oxford comma joins a list too (found in published MMLU-Pro responses; a policy listing every
     # option would be paid for the last one)
     departs("The answer is (A), (F), and (G).", 10, "A", None, "several options"),
     departs("It is either B, C, or D.", 4, "D", None, "several options"),
@@ -105,7 +105,8 @@ def test_letter_against_mmlu_pro(completion, n, official, ours):
     ("Option C is the answer.", "C"),
 ])
 def test_common_phrasings_score(completion, gold):
-    """The phrasings issue 15 found scoring 0: each now scores 1 for its letter and 0 for every other."""
+    """Phrasings that once scored 0 although they state one letter: each now scores 1 for its letter and 0 for every
+    other."""
     assert score_choice(completion, gold, 4) == 1.0
     assert all(score_choice(completion, other, 4) == 0.0 for other in "ABCD" if other != gold)
 

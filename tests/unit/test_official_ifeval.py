@@ -49,7 +49,7 @@ STRICT = [
     case("length_constraints:number_sentences", {"num_sentences": 4, "relation": AL}, "abcd. ef,g! hi|j. k&l m?", True),
     case("length_constraints:number_sentences", {"num_sentences": 5, "relation": AL}, "ab-c. de,f! gh}i. j,kl?", False),
     # an initial before a capitalised common word ends a sentence (pretrained Punkt), except after its 16
-    # abbreviation letters; issue 15
+    # abbreviation letters
     case("length_constraints:number_sentences", {"num_sentences": 2, "relation": AL}, "Take vitamin A. It helps.", True),
     case("length_constraints:number_sentences", {"num_sentences": 2, "relation": LT}, "Take vitamin A. It helps.", False),
     case("length_constraints:number_sentences", {"num_sentences": 2, "relation": AL}, "We chose plan B. The rest failed.",

@@ -88,7 +88,7 @@ CASES = [
 ]
 
 
-# -- mixed numbers (issue 26): math-verify's newer releases read "4 4/9" as 40/9; the installed 0.9.0 reads it as 4
+# -- mixed numbers: math-verify's newer releases read "4 4/9" as 40/9; the installed 0.9.0 reads it as 4
 # (and "2 1/2" as 1, "12 3/4" as 3), so :func:`opdgrpo.verifiers.math.improper_fractions` rewrites them first.
 CASES += [
     case("4", "The answer is 4 4/9.", False),   # 0.9.0 unguarded: True, a fraction appended to the right integer pays

@@ -1,4 +1,5 @@
-"""Matched-FLOP savings (DESIGN.md contract): hand-computed cases, never-matched, tolerance, and the CLI."""
+"""Matched-FLOP savings (the contract in docs/method.md, "Matched-FLOP savings"): hand-computed cases, never-matched,
+tolerance, and the CLI."""
 
 from __future__ import annotations
 

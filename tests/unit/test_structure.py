@@ -102,7 +102,7 @@ def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 def test_no_import_circle():
     """Not one: the studies declare, the planner plans through them, the report renders them in its own half
-    (opdgrpo.report.studies), and conf knows none of them (issue 28 item 2)."""
+    (opdgrpo.report.studies), and conf knows none of them (docs/ARCHITECTURE.md)."""
     circles = _circles(_import_graph())
     assert not circles, [sorted(c) for c in circles]
 

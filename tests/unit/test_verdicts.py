@@ -1,6 +1,7 @@
-"""The verdict machinery (issue 18, items 2-3): the matching rule (smoothed targets and crossings within one
-standard error), the share threshold, one-seed verdicts labelled indicative, and verdicts with intervals that stay
-the same when the seeds change or the curves take another draw of the evaluation's own noise.
+"""The verdict machinery (docs/method.md, "Matching rule" and "Seeds and intervals"): the matching rule (smoothed
+targets and crossings within one standard error), the share threshold, one-seed verdicts labelled indicative, and
+verdicts with intervals that stay the same when the seeds change or the curves take another draw of the evaluation's
+own noise.
 
 The seed test builds run directories through the project's run-file writers (:mod:`opdgrpo.runio`) from a known
 world: S4's four runs per seed, accuracies drawn as avg@4 over 150 prompts per held-out set (the tiny profile's

@@ -445,7 +445,7 @@ class _Sheet:
 
 def study_totals(report_spec: Mapping[str, Any], estimates: Sequence[RunEstimate],
                  costs: Mapping[str, float] | None = None) -> list[StudyRow]:
-    """The studies' FLOP figures, as the paper quotes them (see PAPER.md), from the plan's report spec.
+    """The studies' FLOP figures, as the paper (arXiv 2611.08453) quotes them, from the plan's report spec.
 
     Each study's rows come from its module (:meth:`opdgrpo.plan.studies.base.Study.cost_rows`: e.g. S4's experts,
     distillation, share, joint GRPO, pipeline and savings of the full runs); a study no module registers gets the

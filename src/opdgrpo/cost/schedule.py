@@ -2,9 +2,10 @@
 
 With ``--cores 2`` and one core per job, the DAG's wall time is its total work over two cores only if both cores stay
 busy to the end. Snakemake starts ready jobs in an arbitrary order by default; when the longest run (the joint
-four-domain GRPO) happened to start last, one core idled for six minutes of a 41-minute tiny DAG (issue 7). Each
-job's ``priority`` here is its own estimated seconds plus the most its downstream jobs still need, so long chains
-and long jobs start first and the short ones (S2's subset runs) fill the end.
+four-domain GRPO) happened to start last, one core idled for six minutes of a 41-minute tiny DAG (measured when the
+tiny DAG was made faster, docs/speed.md). Each job's ``priority`` here is its own estimated seconds plus the most its
+downstream jobs still need, so long chains and long jobs start first and the short ones (S2's subset runs) fill the
+end.
 
 The estimate only has to order jobs: FLOPs from the config (no data loaded, nothing imported beyond the FLOP
 formulas and the ``cost_model`` lengths), converted at rough rates fitted to the tiny profile's job times on its CPU:
@@ -18,7 +19,7 @@ from typing import Any, Mapping
 
 from opdgrpo.train import flops as flop_formulas
 
-#: FLOP/s of a tiny job on one core (fitted to the tiny DAG's job times, issue 7): pretraining, post-training steps
+#: FLOP/s of a tiny job on one core (fitted to the tiny DAG's measured job times): pretraining, post-training steps
 #: (rollout + forward/backward + teacher forwards) and evaluation sampling.
 PRETRAIN_RATE, TRAIN_RATE, EVAL_RATE = 105e9, 140e9, 50e9
 #: Seconds every job pays whatever its size: interpreter and library imports, data, checkpoints.

@@ -1,10 +1,10 @@
 """Inverting the cost model: which run sizes reproduce the paper's EFLOP figures with the Qwen3 architectures.
 
-The paper gives totals (PAPER.md) but not the steps, batch sizes or lengths behind them; with the ledger's formulas
-(:func:`opdgrpo.cost.model.step_flops`) and assumed prompt/response lengths this module solves for the tokens, sequences
-and steps that each figure buys, and for the response length that fits a figure into a given number of sequences.
-FLOPs are linear in sequences at fixed lengths, so the first is a division; the second is a bisection (FLOPs grow
-monotonically with the length).
+The paper (arXiv 2611.08453) gives EFLOP totals but not the steps, batch sizes or lengths behind them; with the
+ledger's formulas (:func:`opdgrpo.cost.model.step_flops`) and assumed prompt/response lengths this module solves for
+the tokens, sequences and steps that each figure buys, and for the response length that fits a figure into a given
+number of sequences. FLOPs are linear in sequences at fixed lengths, so the first is a division; the second is a
+bisection (FLOPs grow monotonically with the length).
 """
 
 from __future__ import annotations
@@ -84,8 +84,9 @@ class Figure:
     teacher: str | None     # None: GRPO; the student's own architecture for self/expert teachers
 
 
-#: The paper's figures (PAPER.md). S1's student is Qwen3-4B-Base; S3-S5's student is not stated, so they are
-#: solved for both the 1.7B and the 4B student; their teachers (self-teacher, experts) share the student's shape.
+#: The paper's EFLOP figures (arXiv 2611.08453; docs/cost-model.md, "The paper's figures, inverted"). S1's student
+#: is Qwen3-4B-Base; S3-S5's student is not stated, so they are solved for both the 1.7B and the 4B student; their
+#: teachers (self-teacher, experts) share the student's shape.
 FIGURES = [
     Figure("S1 GRPO, code", 0.6, "qwen3_4b", None),
     Figure("S1 OPD, 8B teacher", 45.7, "qwen3_4b", "qwen3_8b"),

@@ -1,6 +1,6 @@
 """Analytic FLOP formulas for decoder-only transformers: dense Qwen3 / Llama style, and Olmo-3's sliding windows.
 
-Convention (the ledger's contract, see DESIGN.md "The FLOP ledger"):
+Convention (the ledger's contract, also stated in docs/method.md, "The FLOP ledger"):
 
 * Only matrix multiplies are counted, each as ``2 * m * n * k`` FLOPs. Norms, activations, softmax, rotary
   embeddings, residual adds and embedding lookups are ignored: they are a negligible, hardware-dependent share.

@@ -1,9 +1,9 @@
 """Faster gradient-free forwards that compute exactly what Hugging Face's eager attention computes.
 
 Rollouts, evaluation and teacher forwards run without gradients; on these tiny models their time went into
-copying, not arithmetic (issue 7's profile: copies were half of a decode step at batch 1024: the
-per-step cast of the whole float32 key cache, ``repeat_kv``'s per-head copies and the cache's concatenation). Two changes remove that
-without changing a single bit of the output:
+copying, not arithmetic (``torch.profiler`` before this module, docs/speed.md "Where the time went": copies were
+half of a decode step at batch 1024: the per-step cast of the whole float32 key cache, ``repeat_kv``'s per-head copies
+and the cache's concatenation). Two changes remove that without changing a single bit of the output:
 
 * :func:`eager_attention_no_grad`: the same matrix multiplies as ``transformers``' ``eager_attention_forward``
   on the same rounded operands, with the GQA head groups folded into the rows of one multiply instead of repeating
@@ -301,9 +301,9 @@ def cache_kwarg(model: torch.nn.Module) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Which path is exact on this machine: checked once per process, never assumed (issue 16: the folded multiply that
-# was exact on an AMD EPYC differed in the last bits on an Intel Xeon with AMX). Decisions go to done.json through
-# opdgrpo.train.numerics.
+# Which path is exact on this machine: checked once per process, never assumed (the folded multiply that was exact
+# on an AMD EPYC differed in the last bits on an Intel Xeon with AMX; docs/speed.md, "Exact on which CPUs").
+# Decisions go to done.json through opdgrpo.train.numerics.
 
 LEAN, FAST, REFERENCE = "lean", "fast", "reference"
 #: Per head layout (heads, kv_heads, head_dim, device, threads) and mode: whether the fold passed the sweep.

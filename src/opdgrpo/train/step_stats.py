@@ -6,7 +6,7 @@ lengths those of the batch (counted once), and its loss, metrics and gradient no
 
 Each process accumulates its own shards; :meth:`StepStats.all_reduce` sums them over the processes (one collective,
 float64, so FLOP counts stay exact) and :meth:`StepStats.ledger_line` writes the step's line of the FLOP ledger
-(the ledger's keys are a contract: DESIGN.md, "The FLOP ledger").
+(the ledger's keys are a contract, listed in docs/method.md, "The FLOP ledger").
 """
 
 from __future__ import annotations
