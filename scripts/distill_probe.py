@@ -1,5 +1,5 @@
 """Rerun one seed's four-teacher distillation (S5) from a finished default run's experts with other settings, to see
-what stops it short of its experts (docs/method.md, "Why the four-teacher distillation stops short").
+what stops it short of its experts (docs/LOG.md, "Why the four-teacher distillation stopped short").
 
     python scripts/distill_probe.py NAME --steps 240 [--lr 2e-4] [--domains ifeval] [--results results] [--seed 0]
 

@@ -1,5 +1,5 @@
-"""Probe how far GRPO experts learn in the tiny world, and how much headroom a model leaves them (docs/method.md,
-"What GRPO's knobs do at this budget"): the measurements behind the first measurability condition
+"""Probe how far GRPO experts learn in the tiny world, and how much headroom a model leaves them (docs/LOG.md,
+the probes of GRPO's experts, 2026-12-03/04): the measurements behind the first measurability condition
 (docs/method.md, "Measurability conditions"): every GRPO expert gains at least 4 SE on its own domain.
 
     python scripts/grpo_probe.py train SETTINGS [--results results] [--out /tmp/grpo_probe] [--parallel 2]

@@ -168,8 +168,8 @@ class SharedForm:
 
 @dataclass(frozen=True)
 class Slip:
-    """A slip in how a base model gives its answers (``domains.<name>.pretrain_slip``, optional; docs/method.md,
-    "Two more probes of that lead").
+    """A slip in how a base model gives its answers (``domains.<name>.pretrain_slip``, optional; docs/method.md, "The tiny world";
+    the probes behind it: docs/LOG.md).
 
     A hashed share ``rate`` of the domain's pretraining prompts is demonstrated, in the brief style only (the
     students'; the teachers' step-by-step answers never slip), with the right answer followed by one stray token of

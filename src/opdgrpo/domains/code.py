@@ -11,7 +11,7 @@ Three disjoint shares of the functions, by a hash of each: ``heldout_fraction`` 
 ``rl_fraction`` (optional, 0 when absent: ``+domains.code.rl_fraction=0.25`` sets it) for RL's training pool, never
 shown in pretraining; the rest for pretraining, and, when ``rl_fraction`` is 0, for RL too. With an RL share, RL
 prompts are as new to the base model as held-out ones, so a gain on them is a skill that can carry to held-out
-functions, not recall of functions pretraining showed (docs/method.md: tried, it does not rescue the tiny world's code).
+functions, not recall of functions pretraining showed (tried, it does not rescue the tiny world's code: docs/LOG.md, the probes of GRPO's experts).
 """
 
 from __future__ import annotations

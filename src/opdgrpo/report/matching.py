@@ -133,7 +133,7 @@ def smooth(accuracy: Sequence[float], window: int) -> list[float]:
 def start_of(accuracy: Sequence[float]) -> float:
     """A run's start, where its gains are measured from: its first complete evaluation, unsmoothed. Every run of a
     seed starts from the same base model, evaluated with the same draws; with the trailing window it is also the
-    smoothed curve's first point (docs/method.md, "The default world, second revision")."""
+    smoothed curve's first point (docs/method.md, "Matching rule")."""
     return next(float(a) for a in accuracy if not math.isnan(float(a)))
 
 

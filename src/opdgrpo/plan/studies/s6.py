@@ -20,7 +20,7 @@ of step 0's), with 95% t intervals over seeds (:mod:`opdgrpo.report.uncertainty`
 cell and distillation budget) and ``S6_map.png`` (a savings heat map per budget, and the collapse map). S6 makes no
 paper claim of its own.
 
-* **distill_budgets** (optional, steps): the distillation budget, the knob a probe of the default world found binding (docs/speed.md). Each
+* **distill_budgets** (optional, steps): the distillation budget, the knob a probe of the default world found binding (docs/method.md, "The default world"). Each
   cell's distillation runs the largest budget once and the savings are read again with its curve cut at each smaller
   one. That reading is what a run of that many steps records: every random draw of a run is seeded by (seed, step)
   (:mod:`opdgrpo.train.batching`), the learning rate has no decay (warm-up only), and each smaller budget must be an
