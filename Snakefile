@@ -20,9 +20,9 @@ ESTIMATES = refuse_unfit(CFG, PLAN)
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/base.smk"
+include: "workflow/rules/difficulty.smk"
 include: "workflow/rules/grpo.smk"
 include: "workflow/rules/opd.smk"
-include: "workflow/rules/difficulty.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCES = ["README.md", "docs", "src", "tests", "scripts", "benchmarks", "conf", "workflow", "Snakefile"]
+SOURCES = ["README.md", "CONTRIBUTING.md", "docs", "src", "tests", "scripts", "benchmarks", "conf", "workflow", "Snakefile"]
 SUFFIXES = {".md", ".py", ".yaml", ".smk", ".rst", ".sh", ""}
 
 LINK = re.compile(r"\]\(([^)#\s:]+\.md)(#[\w-]+)?\)")

@@ -181,6 +181,17 @@ def test_no_two_rule_files_are_the_same_rule_under_another_name():
     assert not same, f"identical apart from names and comments: {same}"
 
 
+def test_the_snakefile_includes_the_rules_in_the_order_the_dag_runs_them():
+    """A reader of the Snakefile meets the stages as the data flows: helpers, base models, S2's selection, GRPO, OPD,
+    the report; every rule file is included once."""
+    import re
+
+    repo = Path(__file__).resolve().parents[2]
+    included = re.findall(r'^include: "workflow/rules/(\w+)\.smk"', (repo / "Snakefile").read_text(), re.M)
+    assert included == ["common", "base", "difficulty", "grpo", "opd", "report"]
+    assert sorted(included) == sorted(p.stem for p in (repo / "workflow" / "rules").glob("*.smk"))
+
+
 def test_no_python_program_in_a_string_over_20_lines():
     """Programs are files (opdgrpo/sandbox/programs), linted and read like the rest; a string constant that parses as
     Python and runs over 20 lines is one that was not moved (docstrings aside)."""

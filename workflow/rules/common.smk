@@ -4,6 +4,11 @@ import re
 import shlex
 import sys
 
+from opdgrpo import job_identity
+from opdgrpo.cost.schedule import priorities as _priorities
+from opdgrpo.cost.site import site_settings_problems
+from snakemake.exceptions import WorkflowError
+
 
 def job_ids(kind, method=None):
     return [
@@ -21,10 +26,6 @@ def job_config(job_id):
     when it changes. The others reach every job through one environment variable (opdgrpo.job_identity)."""
     return json.dumps(job_identity.identity(PLAN.jobs[job_id].config), sort_keys=True)
 
-
-from opdgrpo import job_identity
-from opdgrpo.cost.site import site_settings_problems
-from snakemake.exceptions import WorkflowError
 
 # Snakemake's own prefix (bash strict mode) kept; braces doubled, as Snakemake formats the prefix like a command.
 _RUNTIME = shlex.quote(json.dumps(job_identity.runtime(j.config for j in PLAN.jobs.values()), sort_keys=True))
@@ -59,7 +60,6 @@ THREADS = int(CFG["threads"])
 
 # Start order: each job's estimated seconds plus the longest chain of jobs that need it (opdgrpo.cost.schedule), so
 # the long runs start early and short ones fill the end instead of one core idling behind the last long run.
-from opdgrpo.cost.schedule import priorities as _priorities
 
 PRIORITY = _priorities(CFG, PLAN)
 
