@@ -16,10 +16,7 @@ from hydra import initialize_config_dir
 from omegaconf import OmegaConf
 
 from . import schema, tracking
-
-
-class ConfigError(ValueError):
-    """A problem in the configuration, with the key that causes it and what would fix it."""
+from .errors import ConfigError  # noqa: F401  (re-exported: the error of a bad config)
 
 
 def default_conf_dir() -> Path:

@@ -109,7 +109,7 @@ def test_no_import_circle():
 
 #: The package map (docs/ARCHITECTURE.md), by the first name under opdgrpo: what each group is made of.
 GROUPS = {
-    "base": ("", "runio", "progress", "tracking", "schema", "attempts"),
+    "base": ("", "runio", "progress", "tracking", "schema", "attempts", "errors"),
     "sandbox": ("sandbox",),
     "verifiers": ("verifiers",),
     "domains": ("domains", "subsets"),
@@ -179,6 +179,28 @@ def test_no_two_rule_files_are_the_same_rule_under_another_name():
     bodies = {p.name: re.sub(rf"\b{p.stem}\b|\brule \w+:|#.*", "", p.read_text()) for p in rules.glob("*.smk")}
     same = [(a, b) for a in bodies for b in bodies if a < b and bodies[a] == bodies[b]]
     assert not same, f"identical apart from names and comments: {same}"
+
+
+def test_the_report_imports_without_hydra_the_planner_or_the_config():
+    """The report reads run directories and a spec: every module of opdgrpo.report imports, directly or through the
+    studies' declarations, with Hydra and OmegaConf absent, and none of them loads the planner or opdgrpo.config (so
+    a reader of results needs no config machinery, and the layering holds for indirect imports too)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, pkgutil, importlib\n"
+        "sys.modules['hydra'] = None; sys.modules['omegaconf'] = None\n"
+        "import opdgrpo.report, opdgrpo.report.studies\n"
+        "for m in pkgutil.walk_packages(opdgrpo.report.__path__, 'opdgrpo.report.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "print(' '.join(sorted(k for k in sys.modules if k.startswith('opdgrpo'))))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = set(done.stdout.split())
+    assert "opdgrpo.report.studies.s3" in loaded
+    assert not loaded & {"opdgrpo.plan.planner", "opdgrpo.config", "opdgrpo.plan.build"}, sorted(loaded)
 
 
 def test_the_snakefile_includes_the_rules_in_the_order_the_dag_runs_them():

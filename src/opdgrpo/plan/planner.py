@@ -14,17 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from opdgrpo.config import ConfigError
-
-
-def study_student(block: Mapping[str, Any]) -> str:
-    """The model a study trains (``studies.<S>.student``; the model named ``student`` by default)."""
-    return str(block.get("student") or "student")
-
-
-def into(student: str) -> str:
-    """Run-id part naming a non-default student (``into_student_8b-``); empty for the default, so ids stay stable."""
-    return "" if student == "student" else f"into_{student}-"
+from opdgrpo.errors import ConfigError
+from opdgrpo.plan.naming import into, study_student
 
 
 @dataclass

@@ -130,7 +130,7 @@ def matching_keys(block: Mapping[str, Any]) -> dict[str, Any]:
 
 def check_smooth_window(cfg: Mapping[str, Any], name: str) -> None:
     """``studies.<name>.smooth_window`` must be odd: its trailing mean then sits on an evaluation point."""
-    from opdgrpo.config import ConfigError
+    from opdgrpo.errors import ConfigError
 
     window = cfg["studies"][name].get("smooth_window")
     if window is not None and window % 2 == 0:

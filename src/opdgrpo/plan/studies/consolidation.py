@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NotRequired, TypedDict
 
-from opdgrpo.plan.planner import into, study_student
+from opdgrpo.plan.naming import into, study_student
 from opdgrpo.plan.studies.base import CostSheet, Study, check_smooth_window, matching_keys
 
 if TYPE_CHECKING:

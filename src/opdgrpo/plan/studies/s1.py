@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from opdgrpo.plan.planner import into, study_student
+from opdgrpo.plan.naming import into, study_student
 from opdgrpo.plan.studies.base import ClaimDef
 from opdgrpo.plan.studies.comparison import Comparison, ComparisonEntry, ComparisonStudy, window_key
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from opdgrpo.plan.planner import into, study_student
+from opdgrpo.plan.naming import into, study_student
 from opdgrpo.plan.studies.base import ClaimDef, CostSheet, Study
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class S2(Study[S2Entry]):
 
     def validate(self, cfg: dict[str, Any]) -> None:
         """The selection rule must yield non-empty subsets and a sensible comparison (the schema checked each key)."""
-        from opdgrpo.config import ConfigError
+        from opdgrpo.errors import ConfigError
 
         key = f"studies.{self.name}"
         s2 = cfg["studies"][self.name]

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from opdgrpo.plan.planner import into, study_student
+from opdgrpo.plan.naming import into, study_student
 from opdgrpo.plan.studies.base import ClaimDef, CostSheet, Study, check_smooth_window, matching_keys
 
 if TYPE_CHECKING:

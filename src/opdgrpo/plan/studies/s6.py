@@ -20,7 +20,8 @@ of step 0's), with 95% t intervals over seeds (:mod:`opdgrpo.report.uncertainty`
 cell and distillation budget) and ``S6_map.png`` (a savings heat map per budget, and the collapse map). S6 makes no
 paper claim of its own.
 
-* **distill_budgets** (optional, steps): the distillation budget, the knob a probe of the default world found binding (docs/method.md, "The default world"). Each
+* **distill_budgets** (optional, steps): the distillation budget, the knob a probe of the default world found binding
+  (docs/method.md, "The default world"). Each
   cell's distillation runs the largest budget once and the savings are read again with its curve cut at each smaller
   one. That reading is what a run of that many steps records: every random draw of a run is seeded by (seed, step)
   (:mod:`opdgrpo.train.batching`), the learning rate has no decay (warm-up only), and each smaller budget must be an
@@ -32,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from opdgrpo.plan.planner import into, study_student
+from opdgrpo.plan.naming import into, study_student
 from opdgrpo.plan.studies.base import CostSheet, Study, check_smooth_window, matching_keys
 
 if TYPE_CHECKING:
@@ -131,8 +132,8 @@ class S6(Study[S6Entry]):
     # -- conf and plan --------------------------------------------------------------------------------------------
     def validate(self, cfg: dict[str, Any]) -> None:
         """Levels distinct, enough of them, spanning the ends the map is about; domains known and able to interfere."""
-        from opdgrpo.config import ConfigError
         from opdgrpo.domains import KINDS
+        from opdgrpo.errors import ConfigError
 
         key, s = f"studies.{self.name}", cfg["studies"][self.name]
         check_smooth_window(cfg, self.name)
@@ -166,7 +167,7 @@ class S6(Study[S6Entry]):
     def _validate_budgets(cfg: dict[str, Any], key: str, s: Mapping[str, Any]) -> None:
         """Budgets ascending and distinct, each but the largest an evaluation point of the distillation, and not
         together with ``distill_steps`` (which would then do nothing)."""
-        from opdgrpo.config import ConfigError
+        from opdgrpo.errors import ConfigError
 
         budgets = s.get("distill_budgets")
         if budgets is None:
