@@ -1,8 +1,8 @@
 """How often S3's verdicts over seeds are wrong when OPD costs what GRPO costs: a simulation under the null.
 
-Run by hand (``python benchmarks/null_s3.py [--trials 1000] [--pool 300] [--seeds 3] [--floor 0 0.02 0.051 0.1]``);
+Run by hand (``python benchmarks/null_s3.py [--trials 1000] [--pool 300] [--seeds 3] [--floor 0 0.02 0.051 0.1 0.12]``);
 it prints, per floor (the monotone interval's least spread on the log FLOP ratio; the report's is
-:data:`opdgrpo.report.studies.s3.S3_FLOOR` = ln(1/0.95)), the verdict rates of S3-n1 and S3-n8 over seeds, what
+:data:`opdgrpo.report.studies.s3.S3_FLOOR` = 0.12, chosen by this simulation), the verdict rates of S3-n1 and S3-n8 over seeds, what
 the seeds read, and the same under one alternative (``--alt-n1 2``: OPD n=1 reaches any accuracy at half GRPO's
 FLOPs) to show what the floor costs in power.
 
@@ -53,7 +53,7 @@ GRPO_STEPS, OPD_STEPS, EVAL_EVERY = 120, 60, 20   # methods.grpo.steps, methods.
 A0, A1, TAU = 0.06, 0.10, 10.0                     # start, plateau, scale in steps of the true curve
 STEP_FLOPS = 1.0 / GRPO_STEPS                      # GRPO's FLOPs per step (its whole run is 1)
 CLAIMS = ("S3-n1", "S3-n8")
-FLOORS = (0.0, 0.02, S3_FLOOR, 0.1)
+FLOORS = (0.0, 0.02, -math.log(0.95), 0.1, S3_FLOOR)
 VERDICTS = (HOLDS, FAILS, INCONCLUSIVE, UNMEASURED)
 ENTRY = {"title": "null", "domain": "math", "grpo": "grpo", "teacher": "grpo", "opd": {"1": "opd1", "8": "opd8"},
          "smooth_window": 3, "tolerance_se": 1.0,

@@ -147,6 +147,22 @@ def test_a_grpo_hyperparameter_reruns_grpo_and_everything_downstream(dry_runs):
 
 
 @pytest.mark.slow
+def test_snakemakes_html_report_bundles_the_figures_and_tables(smoke_dag):
+    """`snakemake --report report.html`, as the README advertises it: one self-contained page with every figure and
+    table the report rule registers (report() in workflow/rules/report.smk) and their captions."""
+    page = smoke_dag / "report.html"
+    done = snakemake(smoke_dag, "--report", str(page), "--config", "profile=smoke")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    html = page.read_text(errors="replace")
+    assert page.stat().st_size > 100_000
+    plan = build_plan(compose(["profile=smoke"], REPO / "conf"))
+    figures = [f"{s}_accuracy.png" for s in plan.report_spec["studies"]]
+    for name in ["curves.csv", "savings.csv", "claims.md", *figures]:
+        assert name in html, f"{name} is not in the HTML report"
+    assert "Matched-accuracy savings" in html   # a caption (workflow/report/savings.rst)
+
+
+@pytest.mark.slow
 def test_publish_copies_the_report_into_docs_results(smoke_dag):
     done = snakemake(smoke_dag, "publish", "--config", "profile=smoke")
     assert done.returncode == 0, done.stderr[-2000:]

@@ -12,7 +12,7 @@ from opdgrpo.plan.studies.s3 import S3Entry
 from opdgrpo.report.curves import domain_curve, format_flops, format_pct
 from opdgrpo.report.matching import MatchRule, eval_sizes, mix_se, smooth, start_of
 from opdgrpo.report.plots import STEP0_CAPTION, Panel, render
-from opdgrpo.report.savings import SAVINGS_FLOOR, first_crossing_flops
+from opdgrpo.report.savings import first_crossing_flops
 from opdgrpo.report.uncertainty import FAILS, HOLDS, INCONCLUSIVE, UNMEASURED
 
 from .base import StudyReport, Verdicts
@@ -92,12 +92,13 @@ def _at(flops: float) -> str:
     return "step 0 (0 FLOPs)" if flops <= 0 else format_flops(flops)
 
 
-#: S3's least spread over seeds, on the log FLOP ratio. The ratio is the same kind of figure as the savings (two
-#: methods' FLOPs to one accuracy), so it takes the savings' least spread expressed as a ratio: a 5-point spread of
-#: savings near 0 is a spread of ln(1 / 0.95) in the log ratio. So S3's test is one monotone interval over seeds
-#: whatever each seed gives (a ratio, or the range a run that never reached the teacher leaves it), and three seeds
-#: that agree closely by chance do not decide alone.
-S3_FLOOR = -math.log(1.0 - SAVINGS_FLOOR)
+#: S3's least spread over seeds, on the log FLOP ratio: the smallest floor whose simulated false "holds" and false
+#: "does not hold" rates are both at most 2.5% for S3-n1 and S3-n8 under the null (true ratios 1; the tiny profile's
+#: S3 shapes and held-out sizes, 3 seeds: ``benchmarks/null_s3.py``), as the savings' floor is chosen. Smaller floors
+#: let S3-n8, the smaller of two noisy log ratios, say "does not hold" by chance (15% at 0.05). So S3's test is one
+#: monotone interval over seeds whatever each seed gives (a ratio, or the range a run that never reached the teacher
+#: leaves it), and three seeds that agree closely by chance do not decide alone.
+S3_FLOOR = 0.12
 
 
 def _log_range(reached: float | None, total: float) -> tuple[float, float]:
