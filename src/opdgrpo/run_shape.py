@@ -33,6 +33,14 @@ def chunk_tokens(train: Mapping[str, Any]) -> int:
     return int(train.get("logit_chunk_tokens") or DEFAULT_CHUNK_TOKENS)
 
 
+def evaluation_count(run_cfg: Mapping[str, Any]) -> int:
+    """Held-out evaluations a run makes, as the trainer's loop makes them: at step 0, every ``train.eval_every``
+    steps before the last, and the final one (``ceil(steps / eval_every) + 1``). The one count the cost model and the
+    scheduler read."""
+    steps, every = int(run_cfg["method"]["steps"]), int(run_cfg["train"].get("eval_every") or 0)
+    return (math.ceil(steps / every) if every else 0) + 1
+
+
 @dataclass(frozen=True)
 class RunShape:
     """What one run's steps are made of, on ``world`` processes."""
@@ -76,6 +84,11 @@ class RunShape:
                    microbatch_tokens=check_budget(train.get("max_tokens_per_microbatch"), "train.max_tokens_per_microbatch"),
                    precision=str(train.get("precision", "fp32")), distributed=str(train.get("distributed") or DEFAULT_DISTRIBUTED),
                    nonfinite=str(train.get("nonfinite", "stop")), max_skips=int(train.get("max_nonfinite_skips", 3)))
+
+    @property
+    def evaluations(self) -> int:
+        """Held-out evaluations the run makes (:func:`evaluation_count`)."""
+        return evaluation_count({"method": {"steps": self.steps}, "train": {"eval_every": self.eval_every}})
 
     @property
     def old_policy(self) -> bool:

@@ -177,6 +177,10 @@ def test_a_signal_during_an_evaluation_stops_before_the_next_step(smoke_world, t
     assert [(r["step"], r["reward"], r["loss"], r["cumulative_flops"]) for r in got] == \
         [(r["step"], r["reward"], r["loss"], r["cumulative_flops"]) for r in want]
     assert [e["step"] for e in read_jsonl(run_dir / "evals.jsonl")] == [0, 2, 4, 5]
+    # the count the cost model and the scheduler read is the trainer's (5 steps, every 2: 0, 2, 4 and the final 5)
+    from opdgrpo.run_shape import evaluation_count
+
+    assert evaluation_count(cfg) == len({e["step"] for e in read_jsonl(run_dir / "evals.jsonl")}) == 4
 
 
 def test_a_signal_while_the_models_load_stops_after_one_checkpointed_step(smoke_world, tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Mapping
 
+from opdgrpo.run_shape import evaluation_count
 from opdgrpo.train import flops as flop_formulas
 
 #: FLOP/s of a tiny job on one core (fitted to the tiny DAG's measured job times): pretraining, post-training steps
@@ -94,7 +95,7 @@ def estimated_seconds(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any])
     for ref in teachers.values():   # every domain's rows go through its own teacher once
         arch = _arch(cfg, _model(ref.get("from", ""), jobs))
         step += flop_formulas.forward_flops(arch, rows / len(teachers), tokens) if arch else 0.0
-    evals = steps // max(1, int(train.get("eval_every") or steps or 1)) + 2
+    evals = evaluation_count(rc)
     eval_flops = evals * flop_formulas.forward_flops(student, 1, 1) * _eval_tokens(cfg, rc, max_new)
     return OVERHEAD_S + steps * step / TRAIN_RATE + eval_flops / EVAL_RATE
 

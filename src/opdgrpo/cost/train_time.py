@@ -23,7 +23,7 @@ from opdgrpo.cost.heldout import EvalSet, sets_of
 from opdgrpo.cost.job_estimate import Hardware, JobEstimate
 from opdgrpo.cost.memory_model import Shape, params
 from opdgrpo.cost.model import RunEstimate
-from opdgrpo.run_shape import RunShape
+from opdgrpo.run_shape import RunShape, evaluation_count
 
 #: The SLURM warning lead beyond a step (or an evaluation) and a save, for what the estimate leaves out.
 LEAD_MARGIN = 1.25
@@ -38,9 +38,8 @@ def evaluation_sets(cfg: Mapping[str, Any], rc: Mapping[str, Any], thinking: boo
 
 
 def evaluations(rc: Mapping[str, Any]) -> int:
-    """Evaluations a run makes: at step 0, every ``eval_every`` steps, and the final one."""
-    steps, every = int(rc["method"]["steps"]), int(rc["train"].get("eval_every") or 0)
-    return (math.ceil(steps / every) if every else 0) + 1
+    """Evaluations a run makes (:func:`opdgrpo.run_shape.evaluation_count`, the trainer's count)."""
+    return evaluation_count(rc)
 
 
 def _per_gpu(hw: Hardware, world: int) -> float:
