@@ -16,11 +16,11 @@ ALLOWED = {
     (r".*", r"Specify a conda environment or container for each rule\."):
         "the jobs run this repository's package (pip install -e .) with the interpreter that runs Snakemake "
         "(OPDGRPO in workflow/rules/common.smk); there is no per-rule software environment to declare",
-    (r"tokenizer|model_tokenizer|pretrain|difficulty|report", r"Shell command directly uses variable OPDGRPO from outside of the rule"):
-        "OPDGRPO is the launcher (this interpreter's path + `-m opdgrpo.cli`), not a parameter of the computation; "
-        "as a param it would enter Snakemake's params rerun trigger and rerun every job whenever the venv moves",
-    (r"grpo|opd", r"Shell command directly uses variable TRAIN_CMD from outside of the rule"):
-        "TRAIN_CMD is OPDGRPO or its torchrun launcher: same reason",
+    (r"tokenizer|model_tokenizer|pretrain|difficulty|grpo|opd|report",
+     r"Shell command directly uses variable (OPDGRPO|PYTHON|LAUNCH_CMD) from outside of the rule"):
+        "OPDGRPO, PYTHON and LAUNCH_CMD are how a job is started (this interpreter's path, `-m opdgrpo.cli`, "
+        "torchrun), not parameters of the computation: as params they would enter Snakemake's params rerun trigger, "
+        "and spelled into the shell text its code trigger, and rerun every job whenever the venv moves",
     (r"tokenizer|report", r"Param (out|runs) is a prefix of input or output file but hardcoded"):
         "run directories hold files no rule declares (checkpoints, ledgers), so the workflow needs the shared "
         "filesystem Snakemake assumes anyway; and a param derived from input/output leaves the params rerun "
