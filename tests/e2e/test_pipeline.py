@@ -33,7 +33,7 @@ DRY_RUNS = {"unchanged": ("profile=smoke",),
             "grpo_clip_eps": ("profile=smoke", "overrides=[methods.grpo.clip_eps=0.3]"),
             # keys that change no result (opdgrpo.job_identity): a finished DAG stays finished
             "runtime_keys": ("profile=smoke", "overrides=[train.nonfinite=skip,train.max_nonfinite_skips=5,"
-                                              "+train.activation_checkpointing=true]"),
+                                              "train.activation_checkpointing=true]"),
             # the same CLI spelled another way (as a second checkout or another venv path would): how a job is
             # started is no part of what it computes
             "other_launcher": ("profile=smoke", f"opdgrpo_cmd=env OPDGRPO_UNUSED=1 {sys.executable} -m opdgrpo.cli")}

@@ -14,13 +14,14 @@ from opdgrpo.train import checkpoint
 
 
 def test_the_rules_hash_no_runtime_key_and_the_job_gets_them_back():
-    cfg = compose(["profile=smoke", "train.nonfinite=skip", "+train.report_to=[tensorboard]"])
+    cfg = compose(["profile=smoke", "train.nonfinite=skip", "train.report_to=[tensorboard]"])
     job = build_plan(cfg).jobs["grpo-student-math-s0"]
     hashed = job_identity.identity(job.config)
     assert not set(job_identity.RUNTIME_KEYS) & set(hashed["train"])
     assert hashed["method"] == job.config["method"] and hashed["train"]["max_new_tokens"] == job.config["train"]["max_new_tokens"]
     shared = job_identity.runtime(j.config for j in build_plan(cfg).jobs.values())
-    assert shared == {"nonfinite": "skip", "max_nonfinite_skips": 3, "report_to": ["tensorboard"]}
+    assert shared == {"nonfinite": "skip", "max_nonfinite_skips": 3, "report_to": ["tensorboard"],
+                      "activation_checkpointing": False}   # conf/config.yaml gives every runtime key a default
     back = job_identity.with_runtime(json.loads(json.dumps(hashed)), {job_identity.ENV: json.dumps(shared)})
     assert back["train"] == job.config["train"]
     # the resume check hashes the same way: a checkpoint stays resumable when only these change
@@ -46,3 +47,12 @@ def test_the_planners_split_sizes_are_no_part_of_a_jobs_params():
     hashed = job_identity.identity(job.config)
     assert "expected_rows" not in hashed["domains"]["knowledge"]["heldout"]["mmlu_pro"]
     assert hashed["domains"]["knowledge"]["heldout"]["mmlu_pro"]["k"] == 1
+
+
+@pytest.mark.parametrize("profile", ["smoke", "tiny", "paper"])
+def test_every_runtime_key_takes_a_plain_override(profile):
+    """conf/config.yaml gives each runtime key a default, so `train.<key>=value` needs no Hydra `+` in any profile."""
+    cfg = compose([f"profile={profile}", "train.report_to=[tensorboard]", "train.nonfinite=skip",
+                   "train.max_nonfinite_skips=5", "train.activation_checkpointing=true"])
+    assert {k: cfg["train"][k] for k in job_identity.RUNTIME_KEYS} == {
+        "nonfinite": "skip", "max_nonfinite_skips": 5, "report_to": ["tensorboard"], "activation_checkpointing": True}
