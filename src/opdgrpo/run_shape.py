@@ -86,11 +86,6 @@ class RunShape:
                    nonfinite=str(train.get("nonfinite", "stop")), max_skips=int(train.get("max_nonfinite_skips", 3)))
 
     @property
-    def evaluations(self) -> int:
-        """Held-out evaluations the run makes (:func:`evaluation_count`)."""
-        return evaluation_count({"method": {"steps": self.steps}, "train": {"eval_every": self.eval_every}})
-
-    @property
     def old_policy(self) -> bool:
         """A forward of the sampling policy before the first update: the batch gets more than one update."""
         return self.updates_per_batch * self.minibatches > 1

@@ -31,7 +31,7 @@ from opdgrpo.cost.overheads import CHECKPOINT_S_PER_GB
 from opdgrpo.cost.sampling_jobs import base_estimate, difficulty_estimate
 from opdgrpo.cost.stops import StopSettings, stop_settings_of
 from opdgrpo.cost.summary import summary, table
-from opdgrpo.run_shape import RunShape
+from opdgrpo.run_shape import RunShape, evaluation_count
 
 __all__ = ["ADVICE", "CHECKPOINT_S_PER_GB", "Hardware", "JobEstimate", "StopSettings", "estimate_jobs", "main",
            "refuse_unfit", "stop_settings", "summary", "table", "train_estimate", "unfit"]
@@ -219,7 +219,7 @@ def _evaluations(rc: Mapping[str, Any]) -> tuple[int, int, list[str]]:
     ``eval_every`` steps from step 0, and the final one; each set's prompts (``size``, else ``expected_rows``)
     times its ``k``."""
     sets, unsized = train_time.evaluation_sets({"cost_model": {}, "domains": rc["domains"]}, rc, False)
-    return train_time.evaluations(rc), sum(s.rows for s in sets), unsized
+    return evaluation_count(rc), sum(s.rows for s in sets), unsized
 
 
 # -- the plan ------------------------------------------------------------------------------------------------------

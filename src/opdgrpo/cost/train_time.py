@@ -37,11 +37,6 @@ def evaluation_sets(cfg: Mapping[str, Any], rc: Mapping[str, Any], thinking: boo
                    max_prompts=None, cap=int(t["max_new_tokens"]), thinking=thinking)
 
 
-def evaluations(rc: Mapping[str, Any]) -> int:
-    """Evaluations a run makes (:func:`opdgrpo.run_shape.evaluation_count`, the trainer's count)."""
-    return evaluation_count(rc)
-
-
 def _per_gpu(hw: Hardware, world: int) -> float:
     return world * hw.bf16_tflops * 1e12
 
@@ -79,7 +74,7 @@ def add_steps(est: JobEstimate, run: RunEstimate, rc: Mapping[str, Any], hw: Har
 def add_evaluations(est: JobEstimate, rc: Mapping[str, Any], student: Shape, hw: Hardware,
                     engine: EngineStart | None) -> None:
     """Every held-out evaluation: per set, its rows over the processes (one engine call each), then code scoring."""
-    world, new, n = est.gpus, int(rc["train"]["max_new_tokens"]), evaluations(rc)
+    world, new, n = est.gpus, int(rc["train"]["max_new_tokens"]), evaluation_count(rc)
     peak = _per_gpu(hw, world) * hw.sampling_mfu
     one = 0.0
     for s in est.sets:

@@ -142,7 +142,7 @@ class _Ratios:
     def text(self, n: int) -> str:
         """OPD(n)'s crossing and its ratio (a figure, a bound, or none)."""
         fo = self.f_opd[n]
-        if fo is not None and fo <= 0 or (self.f_grpo is not None and self.f_grpo <= 0):
+        if (fo is not None and fo <= 0) or (self.f_grpo is not None and self.f_grpo <= 0):
             return f"OPD n={n} at {_at(fo) if fo is not None else 'never'}, no ratio"
         where = f"at {format_flops(fo)}" if fo is not None else \
             f"never reached it (> {format_flops(self.opd_total[n])})"
