@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from . import schema, tracking
 from .errors import ConfigError  # noqa: F401  (re-exported: the error of a bad config)
+from .run_shape import train_settings
 
 
 def default_conf_dir() -> Path:
@@ -34,7 +35,7 @@ def compose(overrides: Sequence[str] = (), conf_dir: Path | None = None) -> dict
     OmegaConf.register_new_resolver("conf_dir", lambda: str(conf_dir), replace=True)
     with initialize_config_dir(config_dir=str(conf_dir), version_base=None):
         try:
-            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+            cfg = hydra_compose(config_name="config", overrides=plain_overrides_of_schema_keys(conf_dir, overrides))
         except Exception as err:  # Hydra's own messages name the group/key; keep them, add where they came from
             hint = _override_hint(conf_dir, overrides)
             raise ConfigError(f"could not compose conf/ with overrides {list(overrides)}: {err}{hint}") from err
@@ -42,6 +43,21 @@ def compose(overrides: Sequence[str] = (), conf_dir: Path | None = None) -> dict
     validate(resolved)
     check_results_dir(resolved["results_dir"])
     return resolved
+
+
+def plain_overrides_of_schema_keys(conf_dir: Path, overrides: Sequence[str]) -> list[str]:
+    """``overrides`` with each plain ``key=value`` of a key the schema declares spelt ``++key=value`` (Hydra's "set or
+    add"). conf/ writes only what a profile sets; a key's default is in its schema (:func:`opdgrpo.schema.default`),
+    so ``train.engine=vllm`` must work where no conf file names ``train.engine``, without Hydra's ``+``. A key the
+    schema does not know stays plain, so Hydra still refuses a misspelt one (and :func:`_override_hint` names the
+    closest keys); a config group (``profile=smoke``) is never rewritten."""
+    groups = {p.name for p in conf_dir.iterdir() if p.is_dir()}
+    out = []
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        plain = "=" in override and not key.startswith(("+", "~")) and "@" not in key and key.split(".")[0] not in groups
+        out.append(f"++{override}" if plain and schema.knows(key) else override)
+    return out
 
 
 #: The ``snakemake --config`` keys the workflow reads, and what each does. Snakemake accepts any key there and the
@@ -121,7 +137,8 @@ def _override_hint(conf_dir: Path, overrides: Sequence[str]) -> str:
             if not isinstance(node, dict):
                 break
             if part not in node:
-                candidates = list(dict.fromkeys([str(k) for k in node] + (groups if not path else [])))
+                declared = list(schema.declared_keys(".".join(path)))   # keys with a default and no conf line
+                candidates = list(dict.fromkeys([str(k) for k in node] + declared + (groups if not path else [])))
                 close = difflib.get_close_matches(part, candidates, n=3)
                 where = ".".join(path) or "the top level"
                 hints.append(f"`{key}`: no key {part!r} at {where}" + (f"; did you mean {close}?" if close else ""))
@@ -209,8 +226,9 @@ def _check_model_sources(cfg: dict[str, Any]) -> None:
 
 def _check_fsdp_block(train: dict[str, Any]) -> None:
     """``train.fsdp``'s settings act only under ``distributed: fsdp``; set under another strategy they would do nothing."""
-    strategy = str(train.get("distributed", "ddp"))
-    set_keys = sorted(k for k, v in (train.get("fsdp") or {}).items() if v is not None)
+    train = train_settings(train)
+    strategy = str(train["distributed"])
+    set_keys = sorted(k for k, v in train["fsdp"].items() if v is not None)
     if set_keys and strategy != "fsdp":
         raise ConfigError(f"config key `train.fsdp` sets {set_keys}, which act only with `train.distributed: fsdp` "
                           f"(it is {strategy!r}): remove the block (`~train.fsdp`) or set `train.distributed=fsdp`")
@@ -218,7 +236,7 @@ def _check_fsdp_block(train: dict[str, Any]) -> None:
 
 def _check_engine_blocks(train: dict[str, Any]) -> None:
     """``train.vllm`` and ``train.vllm_alone`` act only under ``train.engine: vllm``."""
-    engine = str(train.get("engine") or "hf")
+    engine = str(train_settings(train)["engine"])
     for key in ("vllm", "vllm_alone"):
         if train.get(key) and engine != "vllm":
             raise ConfigError(f"config key `train.{key}` acts only with `train.engine: vllm` (it is {engine!r}): "
@@ -246,7 +264,7 @@ def _check_engine_correction(methods: dict[str, Any], train: dict[str, Any]) -> 
         raise ConfigError("config key `methods.opd.engine_is_cap` does nothing OPD can use: its top-k KL at a "
                           "position does not depend on the token sampled there, so the sampled token's ratio corrects "
                           "nothing (the state distribution's correction would be the prefix's ratio); remove it")
-    engine = str(train.get("engine") or "hf")
+    engine = str(train_settings(train)["engine"])
     if methods["grpo"].get("engine_is_cap") is not None and engine != "vllm":
         raise ConfigError(f"config key `methods.grpo.engine_is_cap` acts only with `train.engine: vllm` (it is "
                           f"{engine!r}: the sampler is the trainer's own model); set `methods.grpo.engine_is_cap=null`")

@@ -1,22 +1,25 @@
-"""A run's shape: the steps, rows, shards, mini-batches and passes of its steps, and the caps that cut them, with
-every default in one place.
+"""A run's shape and settings: the steps, rows, shards, mini-batches and passes of its steps, the caps that cut them,
+its sampling parameters and its arithmetic, read once from its config with the schema's defaults.
 
 The trainer (:mod:`opdgrpo.train.loop`), the cost model (:mod:`opdgrpo.cost.model`) and the planner (:mod:`opdgrpo.cost.resources`)
 all read this record, built from the run's config, so the rules they apply (how many shards a step has, whether a
-step makes an old-policy pass, which strategy shares the student) cannot drift apart. Torch-free: the planners import
-it without torch's start-up.
+step makes an old-policy pass, which strategy shares the student, how many evaluations a run makes) cannot drift
+apart. No default is written here: a key a config leaves out takes its schema's ``default``
+(:func:`opdgrpo.schema.with_defaults`). Torch-free: the planners import it without torch's start-up.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from opdgrpo import schema
+
 #: ``train.distributed`` when unset: how several processes share the student (one process needs no strategy).
-DEFAULT_DISTRIBUTED = "ddp"
+DEFAULT_DISTRIBUTED = schema.default("train", "distributed")
 #: ``train.logit_chunk_tokens`` when unset: response positions whose full-vocabulary logits exist at once.
-DEFAULT_CHUNK_TOKENS = 4096
+DEFAULT_CHUNK_TOKENS = schema.default("train", "logit_chunk_tokens")
 
 
 def check_budget(value: Any, key: str) -> int | None:
@@ -28,17 +31,39 @@ def check_budget(value: Any, key: str) -> int | None:
     return value
 
 
-def chunk_tokens(train: Mapping[str, Any]) -> int:
-    """``train.logit_chunk_tokens`` (schema: an integer >= 1), or the default."""
-    return int(train.get("logit_chunk_tokens") or DEFAULT_CHUNK_TOKENS)
+def train_settings(train: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's ``train`` block with every key it leaves out at the schema's default (``eval`` included): the one
+    read of the block that every reader of a run's settings goes through."""
+    out = schema.with_defaults(train, "train")
+    if isinstance(out.get("eval"), Mapping):
+        out["eval"] = schema.with_defaults(out["eval"], "train", "eval")
+    return out
 
 
 def evaluation_count(run_cfg: Mapping[str, Any]) -> int:
-    """Held-out evaluations a run makes, as the trainer's loop makes them: at step 0, every ``train.eval_every``
-    steps before the last, and the final one (``ceil(steps / eval_every) + 1``). The one count the cost model and the
-    scheduler read."""
-    steps, every = int(run_cfg["method"]["steps"]), int(run_cfg["train"].get("eval_every") or 0)
-    return (math.ceil(steps / every) if every else 0) + 1
+    """Held-out evaluations a run makes (:func:`evaluations`), from its config."""
+    return evaluations(int(run_cfg["method"]["steps"]), int(run_cfg["train"].get("eval_every") or 0))
+
+
+def evaluations(steps: int, eval_every: int) -> int:
+    """Held-out evaluations a run of ``steps`` makes, as the trainer's loop makes them: at step 0, every
+    ``eval_every`` steps before the last, and the final one (``ceil(steps / eval_every) + 1``). The one count the
+    trainer's shape, the cost model and the scheduler read."""
+    return (math.ceil(steps / eval_every) if eval_every else 0) + 1
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a run samples: its rollouts (``train.temperature``, full distribution) or its held-out evaluation
+    (``train.eval``: ``k`` samples per prompt, nucleus and top-k cuts, batches)."""
+
+    temperature: float
+    max_new_tokens: int
+    top_p: float = 1.0
+    top_k: int = 0
+    k: int = 1
+    batch_size: int | None = None
+    max_batch_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -58,32 +83,51 @@ class RunShape:
     reference: bool              # a frozen reference forward per step (``beta > 0``)
     logit_chunk_tokens: int
     microbatch_tokens: int | None   # ``train.max_tokens_per_microbatch``: packed training micro-batches
-    precision: str               # as configured (auto, bf16, fp32); the trainer resolves it on its device
+    precision: str               # as configured (auto, bf16, fp32) until the trainer resolves it (:meth:`resolved`)
     distributed: str             # how processes share the student: ddp (the default), fsdp, none
     nonfinite: str               # what a non-finite step does: stop or skip
     max_skips: int
+    engine: str                  # what samples: hf or vllm
+    rollout: Sampling
+    evaluation: Sampling
+    settings: Mapping[str, Any] = field(compare=False, repr=False)   # the train block with its defaults, for the rest
 
     @classmethod
     def of(cls, run_cfg: Mapping[str, Any], world: int = 1) -> RunShape:
         """The shape of the run ``run_cfg`` (a plan's run config: ``train`` and ``method`` blocks) on ``world``
         processes; ValueError naming the key when its shards cannot be dealt evenly."""
-        train, method = run_cfg["train"], run_cfg["method"]
+        train, method = train_settings(run_cfg["train"]), run_cfg["method"]
         minibatches = int(method.get("minibatches", 1))   # GRPO's knobs; 1 where the method has none
         prompts = int(train["prompts_per_step"])
-        shards = int(train.get("micro_batches") or world * minibatches)
+        shards = int(train["micro_batches"] or world * minibatches)
         if shards % (world * minibatches) or prompts % shards:
             raise ValueError(f"config key `train.micro_batches` ({shards}) must be a multiple of the number of processes "
                              f"({world}) times `method.minibatches` ({minibatches}) and divide "
                              f"`train.prompts_per_step` ({prompts})")
         per_prompt = method["group_size"] if method["name"] == "grpo" else method["rollouts_per_prompt"]
+        ev, new = train["eval"], int(train["max_new_tokens"])
         return cls(steps=int(method["steps"]), eval_every=int(train["eval_every"]),
                    checkpoint_every=int(train["checkpoint_every"]), prompts_per_step=prompts,
-                   rows_per_prompt=int(per_prompt), mix=str(train.get("mix") or "balanced"), world=int(world), shards=shards, minibatches=minibatches,
-                   updates_per_batch=int(method.get("updates_per_batch", 1)),
-                   reference=float(method.get("beta") or 0.0) > 0, logit_chunk_tokens=chunk_tokens(train),
-                   microbatch_tokens=check_budget(train.get("max_tokens_per_microbatch"), "train.max_tokens_per_microbatch"),
-                   precision=str(train.get("precision", "fp32")), distributed=str(train.get("distributed") or DEFAULT_DISTRIBUTED),
-                   nonfinite=str(train.get("nonfinite", "stop")), max_skips=int(train.get("max_nonfinite_skips", 3)))
+                   rows_per_prompt=int(per_prompt), mix=str(train["mix"]), world=int(world), shards=shards,
+                   minibatches=minibatches, updates_per_batch=int(method.get("updates_per_batch", 1)),
+                   reference=float(method.get("beta") or 0.0) > 0, logit_chunk_tokens=int(train["logit_chunk_tokens"]),
+                   microbatch_tokens=check_budget(train["max_tokens_per_microbatch"], "train.max_tokens_per_microbatch"),
+                   precision=str(train["precision"]), distributed=str(train["distributed"]),
+                   nonfinite=str(train["nonfinite"]), max_skips=int(train["max_nonfinite_skips"]),
+                   engine=str(train["engine"]), rollout=Sampling(float(train["temperature"]), new),
+                   evaluation=Sampling(float(ev["temperature"]), new, float(ev["top_p"]), int(ev["top_k"]), int(ev["k"]),
+                                       int(ev["batch_size"]), ev["max_batch_tokens"]),
+                   settings=train)
+
+    def resolved(self, precision: str) -> RunShape:
+        """This shape with its precision as the job resolved it on its device (``bf16`` or ``fp32``): the trainer
+        resolves ``auto`` once (:func:`opdgrpo.train.precision.resolve`) and every autocast reads the result."""
+        return replace(self, precision=precision)
+
+    @property
+    def evaluations(self) -> int:
+        """Held-out evaluations the run makes (:func:`evaluations`)."""
+        return evaluations(self.steps, self.eval_every)
 
     @property
     def old_policy(self) -> bool:

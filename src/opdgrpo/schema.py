@@ -9,11 +9,12 @@ key's ``description`` as a hint, and for an unknown key the closest known ones.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import math
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import jsonschema
 import yaml
@@ -181,6 +182,86 @@ def known_keys(name: str, *path: str) -> tuple[str, ...]:
     for part in path:
         node = _subschema(node, part)
     return tuple(sorted(_known_properties(node)))
+
+
+def _node(name: str, path: Iterable[str]) -> dict[str, Any]:
+    node = _registry().resolver().lookup(name).contents if "#" in name else load(name)
+    for part in path:
+        node = _subschema(node, part)
+    return node
+
+
+_NO_DEFAULT = object()
+
+
+def _default_of(node: dict[str, Any]) -> Any:
+    for s in _resolved(node):
+        if "default" in s:
+            return s["default"]
+    return _NO_DEFAULT
+
+
+def default(name: str, *path: str) -> Any:
+    """The schema's ``default`` of the key at ``path`` in schema ``name`` (following ``$ref``), e.g.
+    ``default("train", "precision")``: the one place a key's default is written. KeyError if it has none (a required
+    key, or one whose absence means something else)."""
+    value = _default_of(_node(name, path))
+    if value is _NO_DEFAULT:
+        raise KeyError(f"schema {name}: no default at {'.'.join(path)}")
+    return copy.deepcopy(value)
+
+
+@functools.lru_cache(maxsize=None)
+def _defaults(name: str, path: tuple[str, ...]) -> dict[str, Any]:
+    node = _node(name, path)
+    out = {}
+    for key in _known_properties(node):
+        value = _default_of(_subschema(node, key))
+        if value is not _NO_DEFAULT:
+            out[key] = value
+    return out
+
+
+def with_defaults(block: Mapping[str, Any], name: str, *path: str) -> dict[str, Any]:
+    """``block`` (the mapping at ``path`` in schema ``name``) with every key it leaves out at the schema's default,
+    one level deep: how a job reads its settings, so no reader writes a default of its own."""
+    return {**copy.deepcopy(_defaults(name, tuple(path))), **block}
+
+
+_FREE_FORM = {"type": "object"}
+
+
+def _config_node(parts: Iterable[str]) -> dict[str, Any] | None:
+    """The full config's schema at the key ``parts`` (None where it declares no such key); below a free-form mapping
+    (``train.vllm``: any vLLM argument) every key is the free-form mapping itself."""
+    node: Any = load("config")
+    for part in parts:
+        resolved = _resolved(node)
+        if part in {p for s in resolved for p in s.get("properties", {})}:
+            node = _subschema(node, part)
+            continue
+        extra = [s["additionalProperties"] for s in resolved if "additionalProperties" in s]
+        if extra and isinstance(extra[0], dict):
+            node = extra[0]   # a map's entry (models.<name>, domains.<name>)
+            continue
+        closed = extra or any("unevaluatedProperties" in s for s in resolved)
+        if closed or not any(s.get("type") == "object" for s in resolved):
+            return None
+        node = _FREE_FORM
+    return node
+
+
+def knows(dotted: str) -> bool:
+    """Whether the full config's schema declares the key ``dotted`` (``train.engine``, ``methods.opd.lr``,
+    ``models.student.sampling.top_p``): entries of a map (``models.<name>``) and keys below a free-form mapping
+    (``train.vllm.<vLLM argument>``) count as declared."""
+    return _config_node(dotted.split(".")) is not None
+
+
+def declared_keys(dotted: str = "") -> tuple[str, ...]:
+    """The keys the schema declares under ``dotted`` (the top level for ""), for "did you mean" hints."""
+    node = _config_node([p for p in dotted.split(".") if p])
+    return tuple(sorted(_known_properties(node))) if node is not None else ()
 
 
 @functools.lru_cache(maxsize=None)

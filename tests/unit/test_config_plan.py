@@ -193,3 +193,54 @@ def test_each_job_names_every_upstream_job_by_its_role(profile):
             assert bool(roles["selection"]) == bool(job.config.get("train_subset")), job.id
     experts = plan.inputs("opd-experts-math+code-s0")["teachers"] if profile == "rehearsal" else []
     assert profile != "rehearsal" or experts == [plan.jobs[r].done for r in ("grpo-student-math-s0", "grpo-student-code-s0")]
+
+
+# -- defaults: one place (the schema), and a plain override of any key ---------------------------------------------
+
+def _sample(value):
+    """A valid non-default value for a key whose default is ``value``."""
+    return {"fp32": "bf16", "balanced": "instance", "stop": "skip", "ddp": "fsdp", "eager": "sdpa", "hf": "hf",
+            "float32": "bfloat16", "none": "[tensorboard]"}.get(value, value)
+
+
+@pytest.mark.parametrize("profile", ["smoke", "tiny", "paper"])
+def test_every_train_key_with_a_schema_default_takes_a_plain_override(profile):
+    """conf/ names only what a profile sets; every other `train` key has its default in the schema, and
+    `train.<key>=value` (no Hydra `+`) works in every profile, whether or not a conf file names the key."""
+    from opdgrpo import schema
+
+    defaults = schema.with_defaults({}, "train")
+    assert {"precision", "engine", "distributed", "logit_chunk_tokens", "report_to"} <= set(defaults)
+    for key, value in defaults.items():
+        if isinstance(value, (dict, list)) or value is None:
+            continue   # free-form mappings and lists: set through their entries
+        text = str(_sample(value)).lower() if isinstance(value, bool) else str(_sample(value))
+        if key in ("distributed", "engine"):   # another one asks for settings of its own: the profile's own, plainly
+            text = str(schema.with_defaults(compose([f"profile={profile}"])["train"], "train")[key])
+        cfg = compose([f"profile={profile}", f"train.{key}={text}"])
+        assert str(cfg["train"][key]).lower().strip("[]'") == text.lower().strip("[]'"), key
+    cfg = compose([f"profile={profile}", "train.engine=vllm", "train.vllm.gpu_memory_utilization=0.5"])   # an entry of a free-form mapping
+    assert cfg["train"]["vllm"]["gpu_memory_utilization"] == 0.5
+
+
+def test_a_misspelt_key_is_refused_naming_the_declared_one():
+    """The schema's keys are also the hint: a key no conf file names is still suggested."""
+    with pytest.raises(ConfigError, match=r"no key 'enigne' at train; did you mean \['engine'\]"):
+        compose(["profile=smoke", "train.enigne=vllm"])
+
+
+def test_no_reader_writes_a_default_of_its_own():
+    """A default is written once, in the schema: the code reads keys through `train_settings`/`schema.default`,
+    so `.get("<key>", <literal>)` or `.get("<key>") or <literal>` on a train key would be a second default that can
+    drift."""
+    import re
+
+    src = REPO / "src" / "opdgrpo"
+    from opdgrpo import schema
+
+    keys = "|".join(sorted(schema.with_defaults({}, "train")))
+    literal = r"""(["'\d\[{]|True|False|None)"""   # `.get("key", <literal>)` or `.get("key") or <literal>`
+    pattern = re.compile(r"""\.get\(["'](""" + keys + r""")["'](,\s*|\)\s*or\s*)""" + literal)
+    found = [f"{p.relative_to(REPO)}:{i}: {line.strip()}" for p in src.rglob("*.py")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, found

@@ -18,12 +18,14 @@ from opdgrpo.train.models import enable_activation_checkpointing
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_fsdp_policy_follows_precision_unless_set():
-    assert Policy.from_config({"precision": "bf16"}) == Policy(torch.bfloat16, torch.float32)
-    assert Policy.from_config({"precision": "fp32"}) == Policy(torch.float32, torch.float32)
-    assert Policy.from_config({"precision": "bf16", "fsdp": {"param_dtype": "float32", "reduce_dtype": "bfloat16"}}) \
+def test_fsdp_policy_follows_the_resolved_precision_unless_set():
+    assert Policy.from_config({}, "bf16") == Policy(torch.bfloat16, torch.float32)
+    assert Policy.from_config({}, "fp32") == Policy(torch.float32, torch.float32)
+    assert Policy.from_config({"param_dtype": "float32", "reduce_dtype": "bfloat16"}, "bf16") \
         == Policy(torch.float32, torch.bfloat16)
-    assert Policy.from_config({"precision": "bf16", "fsdp": {"param_dtype": None}}) == Policy(torch.bfloat16, torch.float32)
+    assert Policy.from_config({"param_dtype": None}, "bf16") == Policy(torch.bfloat16, torch.float32)
+    with pytest.raises(ValueError, match="resolved precision"):   # the job resolves `auto` once, before the policy
+        Policy.from_config({}, "auto")
 
 
 def test_fsdp_schema_keys():

@@ -20,8 +20,8 @@ def test_the_rules_hash_no_runtime_key_and_the_job_gets_them_back():
     assert not set(job_identity.RUNTIME_KEYS) & set(hashed["train"])
     assert hashed["method"] == job.config["method"] and hashed["train"]["max_new_tokens"] == job.config["train"]["max_new_tokens"]
     shared = job_identity.runtime(j.config for j in build_plan(cfg).jobs.values())
-    assert shared == {"nonfinite": "skip", "max_nonfinite_skips": 3, "report_to": ["tensorboard"],
-                      "activation_checkpointing": False}   # conf/config.yaml gives every runtime key a default
+    # the keys the jobs' configs name; one left unset (activation_checkpointing) takes its schema default in the job
+    assert shared == {"nonfinite": "skip", "max_nonfinite_skips": 3, "report_to": ["tensorboard"]}
     back = job_identity.with_runtime(json.loads(json.dumps(hashed)), {job_identity.ENV: json.dumps(shared)})
     assert back["train"] == job.config["train"]
     # the resume check hashes the same way: a checkpoint stays resumable when only these change
@@ -51,7 +51,7 @@ def test_the_planners_split_sizes_are_no_part_of_a_jobs_params():
 
 @pytest.mark.parametrize("profile", ["smoke", "tiny", "paper"])
 def test_every_runtime_key_takes_a_plain_override(profile):
-    """conf/config.yaml gives each runtime key a default, so `train.<key>=value` needs no Hydra `+` in any profile."""
+    """A runtime key's default is in the schema, and `train.<key>=value` needs no Hydra `+` in any profile."""
     cfg = compose([f"profile={profile}", "train.report_to=[tensorboard]", "train.nonfinite=skip",
                    "train.max_nonfinite_skips=5", "train.activation_checkpointing=true"])
     assert {k: cfg["train"][k] for k in job_identity.RUNTIME_KEYS} == {

@@ -37,7 +37,7 @@ def test_without_bfloat16_instructions_auto_is_float32_without_measuring(monkeyp
     decision = precision.report()
     assert decision["requested"] == "auto" and decision["resolved"] == "fp32"
     assert "without bfloat16 instructions" in decision["reason"] and "measured" not in decision
-    with autocast("auto"):
+    with autocast(precision.resolve("auto")):
         assert not torch.is_autocast_enabled("cpu")
 
 
@@ -48,7 +48,7 @@ def test_with_them_the_measurement_decides_with_a_margin(monkeypatch, speedup, c
     monkeypatch.setattr(precision, "measure", lambda threads=None: {"speedup": speedup})
     assert precision.resolve("auto") == chosen
     assert precision.report()["measured"] == {"speedup": speedup}
-    with autocast("auto"):
+    with autocast(precision.resolve("auto")):
         assert torch.is_autocast_enabled("cpu") == (chosen == "bf16")
 
 
@@ -109,3 +109,23 @@ def test_an_unreadable_record_is_named(monkeypatch, tmp_path):
     monkeypatch.setenv(precision.RECORD_ENV, str(record))
     with pytest.raises(ValueError, match=rf"{record}: the DAG's precision record is unreadable .*delete it"):
         precision.resolve("auto")
+
+
+def test_autocast_refuses_auto_so_a_job_resolves_its_precision_once():
+    """Every forward reads the job's one resolution: a forward that resolved `auto` itself could decide otherwise
+    (a measurement on a loaded machine) and compute in another arithmetic than the rest of its job."""
+    with pytest.raises(ValueError, match="resolved precision"):
+        autocast("auto")
+
+
+def test_one_default_for_every_precision_key():
+    """`train.precision`, `pretrain.precision` and a difficulty rule's precision share the schema's one default."""
+    from opdgrpo import schema
+    from opdgrpo.run_shape import train_settings
+
+    assert precision.DEFAULT == schema.default("train", "precision") == "fp32"
+    assert schema.default("config.schema.yaml#/$defs/pretrain", "precision") == precision.DEFAULT
+    assert precision.configured({}, "pretrain.precision") == train_settings({})["precision"] == precision.DEFAULT
+    assert precision.configured({"precision": "auto"}, "pretrain.precision") == "auto"
+    with pytest.raises(ValueError, match="pretrain.precision"):
+        precision.configured({"precision": "fp16"}, "pretrain.precision")

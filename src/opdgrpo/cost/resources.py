@@ -31,7 +31,7 @@ from opdgrpo.cost.overheads import CHECKPOINT_S_PER_GB
 from opdgrpo.cost.sampling_jobs import base_estimate, difficulty_estimate
 from opdgrpo.cost.stops import StopSettings, stop_settings_of
 from opdgrpo.cost.summary import summary, table
-from opdgrpo.run_shape import RunShape, evaluation_count
+from opdgrpo.run_shape import RunShape, Sampling, evaluation_count, train_settings
 
 __all__ = ["ADVICE", "CHECKPOINT_S_PER_GB", "Hardware", "JobEstimate", "StopSettings", "estimate_jobs", "main",
            "refuse_unfit", "stop_settings", "summary", "table", "train_estimate", "unfit"]
@@ -62,27 +62,27 @@ def _frozen(shape: Shape, dtype_bytes: int, shards: int, sharded: bool) -> float
     return dtype_bytes * (params(shape) / shards + root_params(shape) + 2 * layer_params(shape))
 
 
-def _compute_bytes(train: Mapping[str, Any]) -> int:
+def _compute_bytes(precision: str) -> int:
     """Bytes of an activation: bfloat16 under ``bf16``; float32 under ``fp32`` and ``auto`` (it resolves per machine,
     at job start: the plan takes the larger)."""
-    return 2 if train.get("precision") == "bf16" else 4
+    return 2 if precision == "bf16" else 4
 
 
 def _train_static(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape, teachers: Sequence[Shape],
                   shape: RunShape) -> tuple[dict[str, float], int]:
     """Weights, gradients, optimizer state and teachers per device; and the residual stream's bytes."""
-    t = rc["train"]
+    t = shape.settings
     sharded, world = shape.sharded, shape.world
     shards = world if sharded else 1
-    master = _bytes(t.get("param_dtype"))
-    compute = _compute_bytes(t)
-    gathered = _bytes((t.get("fsdp") or {}).get("param_dtype"), "bfloat16" if compute == 2 else "float32")
+    master = _bytes(t["param_dtype"])
+    compute = _compute_bytes(shape.precision)
+    gathered = _bytes(t["fsdp"].get("param_dtype"), "bfloat16" if compute == 2 else "float32")
     n = params(student)
     unit = root_params(student) + 2 * layer_params(student)
     # FSDP: the master shard, the root unit and two layers gathered, and, under the hf sampler, the full replica the
     # student samples with in the gathered dtype (opdgrpo.train.fsdp.sampling_replica; refreshed from the shards before
     # each sampling). A vLLM engine syncs from the shards a parameter at a time: no replica.
-    replica = n if str(t.get("engine") or "hf") != "vllm" else 0
+    replica = n if shape.engine != "vllm" else 0
     static = {"weights": master * n / shards + (gathered * (unit + replica) if sharded else 0.0),
               # DDP keeps its reduction buckets beside the gradients (gradient_as_bucket_view off)
               # FSDP: the unsharded gradients of two layers before their reduce-scatter, and the root unit's
@@ -91,7 +91,7 @@ def _train_static(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape,
               "gradients": master * n / shards * (2 if shape.distributed == "ddp" and world > 1 else 1)
               + (gathered * (2 * layer_params(student) + root_params(student)) if sharded else 0.0),
               "optimizer": ADAM_STATE_BYTES * n / shards}
-    frozen = [(s, _bytes(t.get("teacher_dtype"))) for s in teachers]
+    frozen = [(s, _bytes(t["teacher_dtype"])) for s in teachers]
     if shape.reference:   # the frozen reference: the initial student, in the master dtype
         frozen.append((student, master))
     if frozen:
@@ -116,14 +116,14 @@ def max_model_len(settings: Mapping[str, Any], row: int) -> int:
 
 def _train_phases(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape, teachers: Sequence[Shape],
                   shape: RunShape, residual: int) -> dict[str, float]:
-    t = rc["train"]
-    compute = _compute_bytes(t)
+    t = shape.settings
+    compute = _compute_bytes(shape.precision)
     row = _train_row(cfg, rc)
     rows = shape.rows_per_shard
     tokens = min(rows * row, shape.microbatch_tokens or rows * row)
-    attention = str(t.get("attn_implementation", "eager"))
+    attention = str(t["attn_implementation"])
     chunk = min(shape.logit_chunk_tokens, tokens)
-    passes = activation_bytes(student, tokens, row, residual, compute, bool(t.get("activation_checkpointing")),
+    passes = activation_bytes(student, tokens, row, residual, compute, bool(t["activation_checkpointing"]),
                               attention) + logit_chunk_bytes(student, chunk)
     # one teacher per shard (a shard is one prompt's group, one domain): its final hidden states kept for the
     # chunked LM head, and one chunk of its logits
@@ -134,22 +134,20 @@ def _train_phases(cfg: Mapping[str, Any], rc: Mapping[str, Any], student: Shape,
     passes += max([4 * tokens * student.intermediate * compute]
                   + [3 * tokens * s.intermediate * compute for s in teachers])
     sampling = kv_cache_bytes(student, rows, row, compute) + 2 * rows * student.vocab * 4
-    ev = t.get("eval") or {}
-    eval_rows = _eval_rows(ev, row)
+    eval_rows = _eval_rows(shape.evaluation, row)
     return {"sampling": sampling, "training pass": passes,
             "evaluation": kv_cache_bytes(student, eval_rows, row, compute) + 2 * eval_rows * student.vocab * 4}
 
 
-def _eval_rows(ev: Mapping[str, Any], row: int) -> int:
+def _eval_rows(ev: Sampling, row: int) -> int:
     """Rows per evaluation batch: ``batch_size``, capped by ``max_batch_tokens`` where it is set."""
-    rows = int(ev.get("batch_size") or 64)
-    budget = ev.get("max_batch_tokens")
+    rows, budget = int(ev.batch_size or 1), ev.max_batch_tokens
     return max(1, min(rows, int(budget) // row)) if budget else rows
 
 
 def sleep_level(rc: Mapping[str, Any]) -> int:
     """The vLLM sleep level of a training job's engine (``train.vllm.sleep_level``, default 2)."""
-    return int((rc["train"].get("vllm") or {}).get("sleep_level") or DEFAULT_SLEEP_LEVEL)
+    return int(train_settings(rc["train"])["vllm"].get("sleep_level") or DEFAULT_SLEEP_LEVEL)
 
 
 def _host(est: JobEstimate, rc: Mapping[str, Any], student: Shape, teachers: Sequence[Shape]) -> None:
@@ -158,9 +156,9 @@ def _host(est: JobEstimate, rc: Mapping[str, Any], student: Shape, teachers: Seq
     opdgrpo.train.checkpoint.resume_point) and holds it until the optimizer takes it. Afterwards: each sleeping
     engine's pinned copy of its weights (sleep level 1; level 2 discards them), and during a save the main process's
     gathered weights and Adam state."""
-    t, world = rc["train"], est.gpus
-    est.host = world * max([_bytes(t.get("param_dtype")) * params(student)]
-                           + [_bytes(t.get("teacher_dtype")) * params(s) for s in teachers])
+    t, world = train_settings(rc["train"]), est.gpus
+    est.host = world * max([_bytes(t["param_dtype"]) * params(student)]
+                           + [_bytes(t["teacher_dtype"]) * params(s) for s in teachers])
     est.host_resume = est.host + world * ADAM_STATE_BYTES * params(student)
     pinned = world * 2 * params(student) if est.engine is not None and sleep_level(rc) == 1 else 0.0
     est.host_steady = pinned + (4 + ADAM_STATE_BYTES) * params(student)
@@ -177,8 +175,8 @@ def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw
     static, residual = _train_static(cfg, rc, student, teachers, shape)
     phases = _train_phases(cfg, rc, student, teachers, shape, residual)
     engine = None
-    if rc["train"].get("engine") == "vllm" and hw:   # sampling and evaluation inside the engine's reservation
-        settings = rc["train"].get("vllm") or {}
+    if shape.engine == "vllm" and hw:   # sampling and evaluation inside the engine's reservation
+        settings = shape.settings["vllm"]
         share = float(settings.get("gpu_memory_utilization", VLLM_DEFAULT_SHARE))
         phases = {"training pass": phases["training pass"], "vLLM engine": share * hw.device_bytes}
         # asleep during the update (its KV cache freed; its weights to host memory at level 1, discarded at 2)

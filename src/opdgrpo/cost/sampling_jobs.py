@@ -23,6 +23,7 @@ from opdgrpo.cost.heldout import EvalSet, base_cap, base_sets, response_tokens, 
 from opdgrpo.cost.job_estimate import DTYPE_BYTES, VLLM_DEFAULT_SHARE, Hardware, JobEstimate
 from opdgrpo.cost.memory_model import Shape, kv_cache_bytes, params
 from opdgrpo.cost.model import architecture, cost_block, lengths_for
+from opdgrpo.run_shape import train_settings
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,10 @@ def _bytes(name: str | None) -> int:
 def engine_settings(cfg: Mapping[str, Any]) -> dict[str, Any] | None:
     """The settings of a sampling-only job's engine (``train.vllm`` with ``train.vllm_alone`` over it, as the plan
     merges them), or None under ``hf``."""
-    train = cfg["train"]
-    if train.get("engine") != "vllm":
+    train = train_settings(cfg["train"])
+    if train["engine"] != "vllm":
         return None
-    return {**(train.get("vllm") or {}), **(train.get("vllm_alone") or {})}
+    return {**train["vllm"], **train["vllm_alone"]}
 
 
 def longest_prompt(cfg: Mapping[str, Any], domains: Sequence[str], cap: int) -> int:

@@ -23,7 +23,7 @@ from opdgrpo.cost.heldout import EvalSet, sets_of
 from opdgrpo.cost.job_estimate import Hardware, JobEstimate
 from opdgrpo.cost.memory_model import Shape, params
 from opdgrpo.cost.model import RunEstimate
-from opdgrpo.run_shape import RunShape, evaluation_count
+from opdgrpo.run_shape import RunShape
 
 #: The SLURM warning lead beyond a step (or an evaluation) and a save, for what the estimate leaves out.
 LEAD_MARGIN = 1.25
@@ -47,8 +47,8 @@ def add_steps(est: JobEstimate, run: RunEstimate, rc: Mapping[str, Any], hw: Har
     response (the decode bound's)."""
     world, flops = est.gpus, run.flops
     shape = RunShape.of(rc, world)
-    steps, new = max(1, shape.steps), int(rc["train"]["max_new_tokens"])
-    recompute = 4 / 3 if rc["train"].get("activation_checkpointing") else 1.0
+    steps, new = max(1, shape.steps), shape.rollout.max_new_tokens
+    recompute = 4 / 3 if shape.settings["activation_checkpointing"] else 1.0
     rollout = flops["rollout"] / hw.sampling_mfu / _per_gpu(hw, world) / 3600
     high = rollout
     calls = max(1, shape.shards // world)   # engine calls per GPU a step: one per shard it samples
@@ -74,7 +74,8 @@ def add_steps(est: JobEstimate, run: RunEstimate, rc: Mapping[str, Any], hw: Har
 def add_evaluations(est: JobEstimate, rc: Mapping[str, Any], student: Shape, hw: Hardware,
                     engine: EngineStart | None) -> None:
     """Every held-out evaluation: per set, its rows over the processes (one engine call each), then code scoring."""
-    world, new, n = est.gpus, int(rc["train"]["max_new_tokens"]), evaluation_count(rc)
+    shape = RunShape.of(rc, est.gpus)
+    world, new, n = est.gpus, shape.evaluation.max_new_tokens, shape.evaluations
     peak = _per_gpu(hw, world) * hw.sampling_mfu
     one = 0.0
     for s in est.sets:

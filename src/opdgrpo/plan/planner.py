@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from opdgrpo.errors import ConfigError
 from opdgrpo.plan.naming import into, study_student
+from opdgrpo.run_shape import train_settings
 
 
 @dataclass
@@ -119,10 +120,9 @@ class Planner:
         """``train.engine`` and its settings for the jobs that sample outside a training run (base evaluation, S2's
         difficulty job: ``train.vllm`` with ``train.vllm_alone`` over it, the engine having the GPU to itself);
         nothing under ``hf`` (the default), so those jobs' configs, and their reruns, stay as they were."""
-        train = self.cfg["train"]
-        engine = train.get("engine") or "hf"
-        return {} if engine == "hf" else {"engine": engine,
-                                          "vllm": {**(train.get("vllm") or {}), **(train.get("vllm_alone") or {})}}
+        train = train_settings(self.cfg["train"])
+        engine = train["engine"]
+        return {} if engine == "hf" else {"engine": engine, "vllm": {**train["vllm"], **train["vllm_alone"]}}
 
     def prompt_format(self, model: str) -> dict[str, Any]:
         """The prompt format runs of ``model`` use: ``train``'s keys, replaced by the model's ``prompt_format``."""
@@ -269,7 +269,7 @@ class Planner:
             rule = {k: s[k] for k in ("pool_size", "k", "temperature", "student_bins", "teacher_bins", "batch_size")}
             if s.get("max_batch_tokens") is not None:   # absent unless set: unchanged configs rerun nothing
                 rule["max_batch_tokens"] = s["max_batch_tokens"]
-            rule["precision"] = self.cfg["train"].get("precision", "fp32")
+            rule["precision"] = train_settings(self.cfg["train"])["precision"]
             tokenizer = self.tokenizer(st)
             if self.tokenizer_spec(t) != self.tokenizer_spec(st):
                 raise ConfigError(f"S2's teacher `{t}` and student `{st}` have different tokenizers: the solve rates "

@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from opdgrpo import schema
 from opdgrpo.domains import Domain, Task, build_domain
 from opdgrpo.progress import Progress
 from opdgrpo.runio import write_json, write_yaml
@@ -36,6 +37,7 @@ from opdgrpo.train.engines import checkpoint_engine
 from opdgrpo.train.evaluation import batch_bounds
 from opdgrpo.train.finished import verify_finished
 from opdgrpo.train.models import autocast, load_model
+from opdgrpo.train.precision import configured as configured_precision
 from opdgrpo.train.precision import resolve as resolve_precision
 from opdgrpo.train.rollout import PromptFormat, sample_and_score
 from opdgrpo.train.tokenizer import load_tokenizer
@@ -104,11 +106,11 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         dtype = getattr(torch, str(cfg[role].get("dtype") or "float32"))
         engine_on = cfg.get("engine") == "vllm"   # then the engine samples; the model gives the config (no weights read)
         model = load_model(cfg[role]["path"], dtype=dtype, trainable=False,
-                           attn_implementation=str(cfg[role].get("attn_implementation") or "eager"),
+                           attn_implementation=str(cfg[role].get("attn_implementation") or schema.default("model", "attn_implementation")),
                            device="meta" if engine_on else device)
         batches = -(-len(tasks) * int(rule["k"]) // int(rule["batch_size"]))
         max_new_tokens = int(sampling.get("max_new_tokens", cfg["max_new_tokens"]))
-        with autocast(resolve_precision(str(rule.get("precision", "fp32")), device), device.type), \
+        with autocast(resolve_precision(configured_precision(rule, "train.precision"), device), device.type), \
                 checkpoint_engine(cfg, cfg[role]["path"], model, tokenizer=tokenizer, tasks=tasks, fmt=fmt,
                                   max_new_tokens=max_new_tokens) as engine:   # one engine at a time
             rates[role], flops[role] = solve_rates(

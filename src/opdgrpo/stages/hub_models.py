@@ -177,10 +177,12 @@ def _evaluate_base(cfg: Mapping[str, Any], checkpoint: Path, workers) -> tuple[t
     vllm`` the engine samples and the model only gives the config and the count: it is built on ``meta`` (no weights
     read: a 32B checkpoint would take 61 GiB of host memory per process for nothing); under ``hf`` it samples, on
     this process's GPU where there is one."""
+    from opdgrpo import schema
     from opdgrpo.domains import build_domain
     from opdgrpo.train.engines import checkpoint_engine
     from opdgrpo.train.evaluation import evaluate, heldout_for
     from opdgrpo.train.models import autocast, load_model
+    from opdgrpo.train.precision import configured as configured_precision
     from opdgrpo.train.precision import resolve as resolve_precision
     from opdgrpo.train.rollout import PromptFormat
     from opdgrpo.train.tokenizer import load_tokenizer
@@ -189,7 +191,7 @@ def _evaluate_base(cfg: Mapping[str, Any], checkpoint: Path, workers) -> tuple[t
     engine_on = cfg.get("engine") == "vllm"
     device = workers.device if workers is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(checkpoint, dtype=getattr(torch, str(model_cfg.get("dtype") or "float32")), trainable=False,
-                       attn_implementation=str(model_cfg.get("attn_implementation") or "eager"),
+                       attn_implementation=str(model_cfg.get("attn_implementation") or schema.default("model", "attn_implementation")),
                        device="meta" if engine_on else device)
     tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
     domains = {d: build_domain(spec) for d, spec in cfg["domains"].items()}
@@ -201,7 +203,7 @@ def _evaluate_base(cfg: Mapping[str, Any], checkpoint: Path, workers) -> tuple[t
     heldout = heldout_for(domains, sorted(domains), ev.get("max_prompts"))
     max_new_tokens = int(sampling.get("max_new_tokens", ev.get("max_new_tokens", 48)))
     tasks = [t for sets in heldout.values() for s in sets.values() for t in s]
-    precision = resolve_precision(str(cfg["pretrain"].get("precision", "fp32")), device, "pretrain.precision")
+    precision = resolve_precision(configured_precision(cfg["pretrain"], "pretrain.precision"), device, "pretrain.precision")
     with autocast(precision, device.type), checkpoint_engine(cfg, checkpoint, model, tokenizer=tokenizer, tasks=tasks,
                                                              fmt=fmt, max_new_tokens=max_new_tokens) as engine:
         results, flops = evaluate(model, tokenizer, domains, heldout, k=int(ev["k"]),

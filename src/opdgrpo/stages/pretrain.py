@@ -27,6 +27,7 @@ from opdgrpo.train.evaluation import evaluate, heldout_for
 from opdgrpo.train.finished import checkpoint_record
 from opdgrpo.train.models import autocast, build_model, parameter_count
 from opdgrpo.train.peak import run_peak
+from opdgrpo.train.precision import configured as configured_precision
 from opdgrpo.train.precision import resolve as resolve_precision
 from opdgrpo.train.rollout import PromptFormat
 from opdgrpo.train.tokenizer import load_tokenizer
@@ -91,7 +92,7 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(pre["lr"]), betas=(0.9, 0.95), weight_decay=0.01)
     rng = random.Random(f"pretrain-{cfg['name']}-{cfg['seed']}")
     total_flops, loop_wall = 0.0, 0.0
-    precision = resolve_precision(str(pre.get("precision", "fp32")), "cpu", "pretrain.precision")
+    precision = resolve_precision(configured_precision(pre, "pretrain.precision"), "cpu", "pretrain.precision")
     peak = run_peak(precision)   # MFU's denominator, measured before the loop
     model.train()
     progress = Progress(f"base-{cfg['name']}", steps)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 
 from opdgrpo import schema
-from opdgrpo.run_shape import DEFAULT_DISTRIBUTED
+from opdgrpo.run_shape import train_settings
 from opdgrpo.train import fsdp
 
 log = logging.getLogger("opdgrpo.train.distributed")
@@ -79,11 +79,12 @@ class Workers:
 
     @classmethod
     def from_config(cls, train: Mapping[str, Any], collective_timeout_s: float | None = None) -> "Workers":
-        """``train.distributed`` (default ``ddp``) and ``train.fsdp`` (read only under ``fsdp``; set under another
-        strategy it is a config error: ``opdgrpo.config``)."""
-        workers = cls(str(train.get("distributed") or DEFAULT_DISTRIBUTED), collective_timeout_s=collective_timeout_s)
-        workers.policy = fsdp.Policy.from_config(train, workers.device)   # `precision: auto` resolves on the device
-        workers.engine_samples = str(train.get("engine") or "hf") == "vllm"
+        """``train.distributed`` and ``train.engine`` (schema defaults where unset). The FSDP policy depends on the
+        precision, which the job resolves on :attr:`device` once the workers exist: the trainer sets
+        :attr:`policy` then (:class:`opdgrpo.train.fsdp.Policy`), before any model is sharded."""
+        train = train_settings(train)
+        workers = cls(str(train["distributed"]), collective_timeout_s=collective_timeout_s)
+        workers.engine_samples = train["engine"] == "vllm"
         return workers
 
     @property

@@ -41,8 +41,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from opdgrpo.train.precision import resolve as resolve_precision
-
 #: Full states, gathered one tensor at a time onto the main process's CPU (the others get empty dicts).
 FULL_ON_MAIN = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -56,13 +54,12 @@ class Policy:
     reduce_dtype: torch.dtype = torch.float32
 
     @classmethod
-    def from_config(cls, train: Mapping[str, Any], device: torch.device | str = "cpu") -> "Policy":
-        """``train.fsdp``; an unset ``param_dtype`` follows ``train.precision`` (bf16: bfloat16, fp32: float32; auto:
-        as it resolves on this process's device, :mod:`opdgrpo.train.precision`)."""
-        block = train.get("fsdp") or {}
-        precision = str(train.get("precision", "fp32"))
-        if precision == "auto":
-            precision = resolve_precision(precision, device)
+    def from_config(cls, block: Mapping[str, Any], precision: str) -> "Policy":
+        """``train.fsdp`` under the job's resolved ``precision`` (``bf16`` or ``fp32``, never ``auto``: the job
+        resolves it once, :func:`opdgrpo.train.precision.resolve`); an unset ``param_dtype`` follows it (bfloat16 under
+        bf16, float32 under fp32), an unset ``reduce_dtype`` is float32."""
+        if precision not in ("bf16", "fp32"):
+            raise ValueError(f"the FSDP policy needs the job's resolved precision (bf16 or fp32), got {precision!r}")
         default = "bfloat16" if precision == "bf16" else "float32"
         return cls(getattr(torch, str(block.get("param_dtype") or default)),
                    getattr(torch, str(block.get("reduce_dtype") or "float32")))

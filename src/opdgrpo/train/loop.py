@@ -40,7 +40,7 @@ from opdgrpo.run_shape import RunShape
 from opdgrpo.runio import append_jsonl, history_record, job_lock, keep_records, read_jsonl, write_json, write_yaml
 from opdgrpo.subsets import restrict_to_subset
 from opdgrpo.tracking import Tracker
-from opdgrpo.train import faults, numerics
+from opdgrpo.train import faults, fsdp, numerics
 from opdgrpo.train import flops as flop_formulas
 from opdgrpo.train.batching import batch_tasks, domain_counts, eval_seed, rollout_seed, shard_bounds
 from opdgrpo.train.checkpoint import check_precision, clear_run, history_gaps, restore_rng, resume_point, run_identity, save_checkpoint
@@ -136,8 +136,7 @@ class Run:
     start: int = 0
     cumulative: float = 0.0
     streak: int = 0                # non-finite steps skipped in a row
-    shape: RunShape | None = None      # steps, shards, passes and caps (opdgrpo.run_shape)
-    precision: str = "fp32"            # the shape's precision resolved on this device
+    shape: RunShape | None = None      # steps, shards, passes, caps, sampling, its precision resolved here (opdgrpo.run_shape)
     progress: Progress | None = None   # lines in the job's log (main process)
     tracker: Tracker | None = None     # train.report_to (main process)
     reference: FrozenForward | None = None   # GRPO's frozen reference model (beta > 0), else None
@@ -292,7 +291,7 @@ def _set_lr(run: Run, step: int) -> None:
 def _sample(run: Run, step: int, stats: StepStats, guard: NonFiniteCheck) -> list[Shard]:
     """The student samples ``rollouts_per_prompt`` completions of each of its shards' prompts; verifiers score them."""
     prompts = batch_tasks(run.pools, run.counts, step, int(run.cfg["seed"]))
-    bounds, shared = shard_bounds(len(prompts), run.shape.shards), run.cfg["train"]
+    bounds, rollout = shard_bounds(len(prompts), run.shape.shards), run.shape.rollout
     per_prompt, device, shards = run.objective.rollouts_per_prompt, run.workers.device, []
     # OPD's loss does not read rewards: `score_rollouts: false` leaves the ledger's `reward` null and skips the
     # verifiers (the code sandbox is about a third of an OPD code step); held-out evaluation scores as always.
@@ -304,9 +303,9 @@ def _sample(run: Run, step: int, stats: StepStats, guard: NonFiniteCheck) -> lis
         for s in run.shape.mine(run.workers.rank):
             tasks = [t for t in prompts[bounds[s][0]:bounds[s][1]] for _ in range(per_prompt)]
             generator = torch.Generator(device=device).manual_seed(rollout_seed(int(run.cfg["seed"]), step, s))
-            with autocast(run.precision, device.type):
-                scored = sample_and_score(policy, run.tokenizer, run.domains, tasks, max_new_tokens=int(shared["max_new_tokens"]),
-                                          temperature=float(shared["temperature"]), generator=generator, fmt=run.fmt,
+            with autocast(run.shape.precision, device.type):
+                scored = sample_and_score(policy, run.tokenizer, run.domains, tasks, max_new_tokens=rollout.max_new_tokens,
+                                          temperature=rollout.temperature, generator=generator, fmt=run.fmt,
                                           engine=run.engine, with_rewards=stats.scored)
             stats.flops["rollout"] += scored.rollouts.flops
             if stats.scored:
@@ -325,7 +324,7 @@ def _fixed_logprobs(run: Run, shards: list[Shard], stats: StepStats, guard: NonF
     old_policy = run.shape.old_policy
     if not old_policy and run.reference is None:
         return
-    with torch.no_grad(), autocast(run.precision, run.workers.device.type):
+    with torch.no_grad(), autocast(run.shape.precision, run.workers.device.type):
         for shard in shards:
             attn, keep = shard.attention_mask, shard.new_tokens + 1
             one = _one_chunk(run, shard)
@@ -415,7 +414,7 @@ def _forward_and_loss(run: Run, shard: Shard, normalizer: float | None, guard: N
     """The student's training forward over the shard's sequences and the objective's loss on its response logits."""
     attn = shard.attention_mask
     if _one_chunk(run, shard):   # the shard's logits fit in one chunk: the full logits, as before
-        with autocast(run.precision, run.workers.device.type):
+        with autocast(run.shape.precision, run.workers.device.type):
             logits = run.model(input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
                                logits_to_keep=shard.new_tokens + 1).logits[:, :-1]
         stats.flops["train"] += _student_flops(run, shard)   # the forward; its backward is counted after it
@@ -440,7 +439,7 @@ def _chunked_forward(run: Run, model: torch.nn.Module, shard: Shard, reduce, ext
     """``reduce`` over the student's response logits, ``train.logit_chunk_tokens`` positions at a time, inside the
     (DDP- or FSDP-wrapped) model's own forward; recomputed chunk by chunk in the backward when gradients flow."""
     attn = shard.attention_mask
-    with autocast(run.precision, run.workers.device.type):
+    with autocast(run.shape.precision, run.workers.device.type):
         return reduced_forward(model, reduce, extras, run.shape.logit_chunk_tokens, run.workers.unwrap(model),
                                input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
                                logits_to_keep=shard.new_tokens + 1)
@@ -478,18 +477,17 @@ def _skip_or_stop(run: Run, err: NonFinite) -> str:
 
 def _evaluate(run: Run, step: int) -> dict[str, Any]:
     """Held-out avg@k of the current policy; one line of ``evals.jsonl`` (its FLOPs are never training FLOPs)."""
-    shared, ev = run.cfg["train"], run.cfg["train"]["eval"]
+    ev = run.shape.evaluation
     t0 = time.time()
-    with run.workers.full_params(run.model) as policy, autocast(run.precision, run.workers.device.type), \
+    with run.workers.full_params(run.model) as policy, autocast(run.shape.precision, run.workers.device.type), \
             _engine_awake(run):
         if run.engine:
             run.engine.sync(policy, version=step)
-        results, eval_flops = evaluate(policy, run.tokenizer, run.domains, run.heldout, k=int(ev["k"]),
-                                       temperature=float(ev["temperature"]), max_new_tokens=int(shared["max_new_tokens"]),
-                                       batch_size=int(ev["batch_size"]), seed=eval_seed(int(run.cfg["seed"]), step),
-                                       fmt=run.fmt, top_p=float(ev.get("top_p", 1.0)), top_k=int(ev.get("top_k", 0)),
-                                       workers=run.workers, max_batch_tokens=ev.get("max_batch_tokens"),
-                                       engine=run.engine)
+        results, eval_flops = evaluate(policy, run.tokenizer, run.domains, run.heldout, k=ev.k,
+                                       temperature=ev.temperature, max_new_tokens=ev.max_new_tokens,
+                                       batch_size=ev.batch_size, seed=eval_seed(int(run.cfg["seed"]), step),
+                                       fmt=run.fmt, top_p=ev.top_p, top_k=ev.top_k, workers=run.workers,
+                                       max_batch_tokens=ev.max_batch_tokens, engine=run.engine)
     faults.kill_point("eval", step)
     faults.signal_point("term_eval", step)
     record = {"step": step, "cumulative_flops": run.cumulative, "eval_flops": eval_flops, "results": results}
@@ -510,7 +508,7 @@ def _checkpoint(run: Run, done_steps: int) -> None:
     if run.main:
         save_checkpoint(run.run_dir, workers.unwrap(run.model), run.tokenizer, run.optimizer, done_steps, run.cumulative,
                         run.identity, state_dict=state_dict, optimizer_state=optimizer_state, nonfinite_streak=run.streak,
-                        precision=run.precision)
+                        precision=run.shape.precision)
         run.progress.event("checkpoint", {"step": done_steps, "seconds": round(time.time() - t0, 1)})
     workers.barrier()
 
@@ -572,9 +570,15 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
     # The tokenizer's batch calls (Rust, rayon) would otherwise use every core of a machine Snakemake already fills
     # with one-thread jobs; a value set by the user wins.
     os.environ.setdefault("RAYON_NUM_THREADS", str(int(cfg["threads"])))
-    shape = RunShape.of(cfg, workers.world)
-    precision = resolve_precision(shape.precision, workers.device)
-    shared = cfg["train"]
+    configured = RunShape.of(cfg, workers.world)
+    # The job's one resolution of `precision` (auto: per device, once per DAG on a CPU): every autocast, the FSDP
+    # policy, the teachers' forwards and MFU's peak read `shape.precision` from here on. With several processes the
+    # main process's decision is every process's: outside the workflow (no DAG record) each one measures `auto` for
+    # itself, and two measurements on a loaded machine can disagree (then one refuses a bf16 checkpoint while the
+    # others wait for it in a collective, or two shards of one model compute in different arithmetic).
+    shape = configured.resolved(workers.gather(resolve_precision(configured.precision, workers.device))[0])
+    workers.policy = fsdp.Policy.from_config(shape.settings["fsdp"], shape.precision)
+    shared = shape.settings
     tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
     domains = {name: build_domain(d) for name, d in cfg["domains"].items()}
     pools = {d: domains[d].training_pool() for d in cfg["train_domains"]}
@@ -584,25 +588,26 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
 
     identity, checkpoint, state = _resume_point(cfg, run_dir, workers, shape.eval_every)
     if state:
-        check_precision(state, precision, shape.precision, cfg["run_id"], run_dir)
-    param_dtype = getattr(torch, str(shared.get("param_dtype", "float32")))
-    attention = str(shared.get("attn_implementation", "eager"))
+        check_precision(state, shape.precision, configured.precision, cfg["run_id"], run_dir)
+    param_dtype = getattr(torch, str(shared["param_dtype"]))
+    attention = str(shared["attn_implementation"])
     student = load_model(checkpoint if state else cfg["student"]["path"], dtype=param_dtype,
                          attn_implementation=attention, device=workers.device)
-    if shared.get("activation_checkpointing"):
+    if shared["activation_checkpointing"]:
         enable_activation_checkpointing(student)
-    objective = build_objective(cfg["method"], _teachers(cfg, workers, attention), precision,
-                                temperature=float(shared["temperature"]), chunk_tokens=shape.logit_chunk_tokens)
+    objective = build_objective(cfg["method"], _teachers(cfg, workers, attention, shared["teacher_dtype"]),
+                                shape.precision, temperature=shape.rollout.temperature,
+                                chunk_tokens=shape.logit_chunk_tokens)
     if state is None:
         _clear_stale(run_dir, workers)
     method = cfg["method"]
     # The denominator of MFU, measured once per process before any step (never inside a step's wall time).
-    peak = run_peak(precision, param_dtype, workers.device)
+    peak = run_peak(shape.precision, param_dtype, workers.device)
     # DDP replicas or FSDP shards when several processes share the run; the optimizer over what this process trains.
     model, optimizer = workers.prepare(student, lambda params: torch.optim.AdamW(
         params, lr=float(method["lr"]), betas=tuple(method["betas"]), weight_decay=float(method["weight_decay"])))
     run = Run(cfg, run_dir, workers, tokenizer, domains, pools, heldout, counts, PromptFormat.from_config(shared),
-              student, model, optimizer, objective, identity, peak, subset, shape=shape, precision=precision,
+              student, model, optimizer, objective, identity, peak, subset, shape=shape,
               reference=_reference(cfg, workers.device, attention, param_dtype))
     if state:
         _resume(run, state)
@@ -610,7 +615,7 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
     if run.main:
         write_yaml(run_dir / "config.yaml", cfg)
         run.progress = Progress(cfg["run_id"], shape.steps, run.start)
-        run.tracker = Tracker(shared.get("report_to"), run_dir, cfg["run_id"], cfg, run.start)
+        run.tracker = Tracker(shared["report_to"], run_dir, cfg["run_id"], cfg, run.start)
     return run
 
 
@@ -619,17 +624,17 @@ def _engine(run: Run):
     process on the policy's weights as they are now (the initial student, or the checkpoint resumed), sized for the
     job's longest row (its longest training or held-out prompt + ``max_new_tokens``); its config and tokenizer go to
     the run directory's ``.engine/`` scratch folder, which :func:`_close_engine` removes when the job ends."""
-    name = str(run.cfg["train"].get("engine", "hf"))
+    name = run.shape.engine
     if name == "hf":
         return None
     from opdgrpo.train.engines import build_engine, longest_row
 
     tasks = [t for pool in run.pools.values() for t in pool]
     tasks += [t for sets in run.heldout.values() for s in sets.values() for t in s]
-    max_len = longest_row(run.tokenizer, tasks, run.fmt, int(run.cfg["train"]["max_new_tokens"]))
+    max_len = longest_row(run.tokenizer, tasks, run.fmt, run.shape.rollout.max_new_tokens)
     scratch = run.run_dir / ".engine" / f"rank{run.workers.rank}"
     with run.workers.full_params(run.model) as policy:
-        return build_engine(name, policy, run.tokenizer, scratch=scratch, settings=run.cfg["train"].get("vllm") or {},
+        return build_engine(name, policy, run.tokenizer, scratch=scratch, settings=run.shape.settings["vllm"],
                             max_len=max_len, seed=int(run.cfg["seed"]))
 
 
@@ -680,8 +685,9 @@ def _clear_stale(run_dir: Path, workers: Workers) -> None:
     workers.barrier()
 
 
-def _teachers(cfg: dict[str, Any], workers: Workers, attention: str) -> dict[str, torch.nn.Module]:
-    """OPD: domain -> frozen teacher (check_run_inputs: same tokenizer as the student); one load per checkpoint.
+def _teachers(cfg: dict[str, Any], workers: Workers, attention: str, teacher_dtype: str) -> dict[str, torch.nn.Module]:
+    """OPD: domain -> frozen teacher (check_run_inputs: same tokenizer as the student); one load per checkpoint, in
+    its own ``dtype`` or else ``train.teacher_dtype``.
     Under FSDP each teacher is sharded as the student is (:meth:`Workers.prepare_frozen`): 1/N of its weights per
     process instead of a replica (65 GB for Qwen3-32B in bfloat16), gathered a layer at a time in
     ``train.fsdp.param_dtype``."""
@@ -691,7 +697,7 @@ def _teachers(cfg: dict[str, Any], workers: Workers, attention: str) -> dict[str
     teachers = {}
     for d in cfg["train_domains"]:
         path = cfg["teachers"][d]["path"]
-        dtype = getattr(torch, str(cfg["teachers"][d].get("dtype") or cfg["train"].get("teacher_dtype", "float32")))
+        dtype = getattr(torch, str(cfg["teachers"][d].get("dtype") or teacher_dtype))
         if path not in loaded:
             loaded[path] = workers.prepare_frozen(load_model(   # sharded from host memory, else built on the device
                 path, dtype=dtype, trainable=False, attn_implementation=attention,

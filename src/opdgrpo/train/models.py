@@ -19,8 +19,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen
 from transformers.initialization import no_init_weights
 
 from opdgrpo import schema
-from opdgrpo.train.precision import check as check_precision
-from opdgrpo.train.precision import resolve as resolve_precision
 
 #: Keys of a model block that are not Qwen3Config's (conf/model/*.yaml; the schema lists them all).
 _OWN_KEYS = {"name", "source", "pretrain", "dtype", "seed", "path", "revision", "attn_implementation", "sampling",
@@ -123,11 +121,12 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, trainable: 
 
 def autocast(precision: str, device_type: str = "cpu"):
     """Mixed precision for forwards: ``bf16`` runs matmuls in bfloat16 (2-3x faster for the tiny models on a CPU
-    with bfloat16 instructions, 7-8x slower on one without: docs/speed.md), ``fp32`` runs everything in float32,
-    ``auto`` whichever :func:`opdgrpo.train.precision.resolve` chooses here. Losses are computed in float32 either way."""
-    if precision == "auto":
-        precision = resolve_precision(precision, device_type)
-    check_precision(precision)
+    with bfloat16 instructions, 7-8x slower on one without: docs/speed.md), ``fp32`` runs everything in float32.
+    Losses are computed in float32 either way. ``auto`` is refused: a job resolves it once, at its start
+    (:func:`opdgrpo.train.precision.resolve`), and passes the result, so no forward can decide again on its own."""
+    if precision not in ("bf16", "fp32"):
+        raise ValueError(f"autocast needs a resolved precision (bf16 or fp32), got {precision!r}: resolve "
+                         "`precision: auto` once at the job's start (opdgrpo.train.precision.resolve)")
     return torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 

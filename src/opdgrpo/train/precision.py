@@ -38,7 +38,7 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -61,6 +61,16 @@ log = logging.getLogger("opdgrpo.train.precision")
 
 def choices() -> list[str]:
     return list(schema.allowed("train", "precision"))
+
+
+#: The one default of ``train.precision`` and ``pretrain.precision`` (``$defs/precision`` in train.schema.yaml).
+DEFAULT = schema.default("train", "precision")
+
+
+def configured(block: Mapping[str, Any], key: str) -> str:
+    """The precision a config block asks for (``pretrain``, a difficulty job's ``rule``), the schema's default where
+    it names none; :func:`resolve` turns it into an arithmetic, once per job."""
+    return check(str(block.get("precision", DEFAULT)), key)
 
 
 def check(precision: str, key: str = "train.precision") -> str:

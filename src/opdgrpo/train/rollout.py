@@ -8,6 +8,7 @@ from typing import Mapping, Sequence
 
 import torch
 
+from opdgrpo import schema
 from opdgrpo.domains import Domain, Task
 from opdgrpo.train.sampling import Rollouts, sample
 from opdgrpo.train.stops import stop_strings_for
@@ -42,10 +43,13 @@ class PromptFormat:
     stop_strings: bool = False
 
     @classmethod
-    def from_config(cls, train: Mapping) -> "PromptFormat":
-        thinking = train.get("enable_thinking")
-        return cls(bool(train.get("chat_template", False)), None if thinking is None else bool(thinking),
-                   tuple(train.get("stop_tokens") or ()), bool(train.get("stop_strings", False)))
+    def from_config(cls, block: Mapping) -> "PromptFormat":
+        """From a ``train`` block or a model's prompt format: a key it leaves out takes the train schema's default."""
+        s = {k: block.get(k, schema.default("train", k)) for k in ("chat_template", "enable_thinking", "stop_tokens",
+                                                                  "stop_strings")}
+        thinking = s["enable_thinking"]
+        return cls(bool(s["chat_template"]), None if thinking is None else bool(thinking),
+                   tuple(s["stop_tokens"] or ()), bool(s["stop_strings"]))
 
     def stop_ids(self, tokenizer) -> list[int]:
         ids = [tokenizer.eos_token_id]

@@ -102,7 +102,7 @@ def checkpoint_engine(cfg: Mapping[str, Any], path: str | Path, model: torch.nn.
     (:func:`longest_row`), awake throughout (no trainer shares its GPU) and shut down when the block ends: one
     engine at a time. ``model`` gives the FLOP formulas' config. A weightless ``source: random`` directory starts
     on vLLM's own random weights (``load_format="dummy"``): a random model of the same shape, not the same draw."""
-    name = str(cfg.get("engine") or "hf")
+    name = str(cfg.get("engine") or schema.default("train", "engine"))
     if name == "hf":
         yield None
         return
@@ -113,7 +113,7 @@ def checkpoint_engine(cfg: Mapping[str, Any], path: str | Path, model: torch.nn.
 
     max_len = longest_row(tokenizer, tasks, fmt, max_new_tokens)
     device = next(model.parameters()).device
-    with VLLMEngine(Path(path), model.config, max_len=max_len, settings=cfg.get("vllm") or {},
+    with VLLMEngine(Path(path), model.config, max_len=max_len, settings=cfg.get("vllm") or schema.default("train", "vllm"),
                     seed=int(cfg.get("seed") or 0), device="cpu" if device.type == "meta" else device,
                     load_format="dummy" if is_random(path) else None) as engine:
         yield engine
