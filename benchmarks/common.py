@@ -193,6 +193,7 @@ def run_config(kind: str, world: World, scratch: Path, *, teacher: str = "teache
     ``overrides``: dotted keys (``train.prompts_per_step``, ``method.lr``, ``domains.math.heldout.amc.size``) set on
     the run config after it is resolved; an unknown key is an error (a typo would silently benchmark the default).
     """
+    from opdgrpo import schema
     from opdgrpo.plan.build import build_plan
 
     plan = build_plan(tiny_config(scratch / "results"))
@@ -214,7 +215,7 @@ def run_config(kind: str, world: World, scratch: Path, *, teacher: str = "teache
                 raise SystemExit(f"run config has no key `{key}` (stops at `{part}`)")
             node = node[part]
         if leaf not in node and not key.startswith("train."):
-            raise SystemExit(f"run config has no key `{key}`")
+            raise SystemExit(schema.renamed(key, run_config=True) or f"run config has no key `{key}`")
         node[leaf] = value
     return cfg
 

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'rows':>4} {'positions':>9} {'path':>12} {'loss extra MB':>13} {'teacher MB':>10} {'loss':>12} {'s':>5}")
     for rows in args.rows:
         s = cases.shard(rows, args.length, args.vocab)
-        ids = torch.randint(0, args.vocab, (*s.mask.shape, cases.METHOD["top_k"]))
+        ids = torch.randint(0, args.vocab, (*s.mask.shape, cases.METHOD["kl_top_k"]))
         student.zero_grad(set_to_none=True)
         base, _ = peak_bytes(lambda: cases.decoder_only(student, s))
         teacher_base, _ = peak_bytes(lambda: cases.teacher_part(teacher, s, ids, 1))

@@ -11,7 +11,7 @@ the base student.
 
 One setting cannot be matched: TRL's loss is the reverse KL over the *whole* vocabulary (computed from both
 models' hidden states and LM heads in chunks), ours over the student's top-16 tokens, renormalised (the paper's
-estimator; ``--top-k V`` makes ours the full reverse KL too).
+estimator; ``--kl-top-k V`` makes ours the full reverse KL too).
 
     python benchmarks/opd_vs_trl.py [--world results/tiny/base|random] [--teacher teacher_l] [--rounds 5]
 """
@@ -34,7 +34,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prompts", type=int, help="prompts per step (default: the tiny profile's train.prompts_per_step)")
     p.add_argument("--rollouts", type=int, default=8, help="completions per prompt (tiny OPD default: 8)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="completion cap (tiny profile: 32)")
-    p.add_argument("--top-k", type=int, default=16, help="our OPD support size (the paper's 16)")
+    p.add_argument("--kl-top-k", type=int, default=16, help="our OPD reverse KL's support size (the paper's 16)")
     p.add_argument("--lr", type=float, default=2e-4, help="AdamW learning rate (tiny profile's OPD: 2e-4)")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                    help="bf16 autocast for both (TRL: bf16=True), fp32, or auto (the tiny profile's train.precision: "
@@ -72,7 +72,7 @@ def main() -> None:
         "threads": args.threads, "train.prompts_per_step": args.prompts, "train.max_new_tokens": args.max_new_tokens,
         "train.temperature": 1.0, "train.precision": args.precision, "train.eval_every": 10**6,
         "train.checkpoint_every": 10**6, "train.eval": {"k": 1, "temperature": 1.0, "batch_size": 64},
-        "method.rollouts_per_prompt": args.rollouts, "method.lr": args.lr, "method.top_k": args.top_k,
+        "method.rollouts_per_prompt": args.rollouts, "method.lr": args.lr, "method.kl_top_k": args.kl_top_k,
         "method.aggregation": "token-mean", "method.warmup_steps": 0,
         "domains.math.heldout.amc.size": 4, "domains.math.heldout.aime.size": 4})
     method = cfg["method"]
@@ -144,7 +144,7 @@ def main() -> None:
     trainer.train()
     shutil.rmtree(scratch, ignore_errors=True)
 
-    text, summary = common.compare(results, {"ours": f"ours (opdgrpo.train.loop, top-{args.top_k} reverse KL)",
+    text, summary = common.compare(results, {"ours": f"ours (opdgrpo.train.loop, top-{args.kl_top_k} reverse KL)",
                                              "trl": f"TRL {trl.__version__} DistillationTrainer (beta=1, full-vocab reverse KL)"}, batch)
     line, ratios = common.ratio_line(summary, results, args.steps - 1)
     print(f"### OPD step: ours vs TRL ({common.machine_line(args.threads)})\n")

@@ -16,7 +16,7 @@ from opdgrpo.train.objectives import GRPOObjective, OPDObjective, Shard, positio
 from opdgrpo.train.rollout import ScoredRollouts
 from opdgrpo.train.sampling import Rollouts
 
-METHOD = {"name": "opd", "rollouts_per_prompt": 1, "aggregation": "token-mean", "top_k": 16}
+METHOD = {"name": "opd", "rollouts_per_prompt": 1, "aggregation": "token-mean", "kl_top_k": 16}
 GRPO = {"name": "grpo", "group_size": 2, "aggregation": "token-mean", "scale_by_std": True, "clip_eps": 0.2,
         "clip_eps_high": None}
 PROMPT = 4
@@ -67,7 +67,7 @@ def old_opd(student, teacher, s: Shard, precision: str = "bf16") -> tuple[torch.
                                      inputs["logits_to_keep"])
         teacher_logits = torch.empty_like(logits, dtype=torch.float32)
         teacher_logits[:] = out[:, :-1, : logits.shape[-1]].float()
-    loss, metrics = topk_reverse_kl(logits, teacher_logits, s.mask, k=METHOD["top_k"])
+    loss, metrics = topk_reverse_kl(logits, teacher_logits, s.mask, k=METHOD["kl_top_k"])
     loss.backward()
     return loss.detach(), metrics
 

@@ -20,7 +20,8 @@ from typing import Sequence
 
 
 def _job_config(args) -> dict:
-    """The job's config, with the runtime keys the rules pass beside it (:mod:`opdgrpo.job_identity`)."""
+    """The job's config, with the runtime keys the rules pass beside it and renamed keys by their current names
+    (:func:`opdgrpo.job_identity.with_runtime`)."""
     from .job_identity import with_runtime
 
     cfg = json.loads(args.config_json) if args.config_json else json.loads(Path(args.config_file).read_text())

@@ -112,7 +112,8 @@ def drop_switched_off(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _override_hint(conf_dir: Path, overrides: Sequence[str]) -> str:
-    """For an override whose key does not exist (a typo), the closest existing keys or config groups."""
+    """For an override whose key does not exist (a typo), the closest existing keys or config groups; for a renamed
+    key (:data:`opdgrpo.schema.RENAMED_KEYS`), its new name."""
     import difflib
 
     groups = sorted(p.name for p in conf_dir.iterdir() if p.is_dir())
@@ -125,6 +126,9 @@ def _override_hint(conf_dir: Path, overrides: Sequence[str]) -> str:
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
         if override.startswith("+") or key in groups:
+            continue
+        if (note := schema.renamed(key)) is not None:
+            hints.append(note)
             continue
         if "@" in key:  # group@package: the group part is the one that can be misspelt
             group = key.split("@", 1)[0]
@@ -181,6 +185,7 @@ def validate(cfg: dict[str, Any]) -> None:
     (a study's domains and models) and the domains' pools (built once here). Each study's own keys and rules are
     checked by the planner (:func:`opdgrpo.plan.build.check_studies`), which knows the studies; conf does not."""
     try:
+        schema.refuse_renamed(cfg)
         schema.validate(cfg, "config")
     except schema.SchemaError as err:
         raise ConfigError(str(err)) from None
@@ -191,9 +196,9 @@ def validate(cfg: dict[str, Any]) -> None:
     _check_engine_lengths(cfg)
     _check_engine_correction(cfg["methods"], cfg["train"])
     vocab = cfg["tokenizer"].get("vocab_size")
-    if vocab is not None and cfg["methods"]["opd"]["top_k"] > vocab:   # a hub tokenizer's size is known once loaded
+    if vocab is not None and cfg["methods"]["opd"]["kl_top_k"] > vocab:   # a hub tokenizer's size is known once loaded
         raise ConfigError(
-            f"config key `methods.opd.top_k` ({cfg['methods']['opd']['top_k']}) exceeds `tokenizer.vocab_size` ({vocab})"
+            f"config key `methods.opd.kl_top_k` ({cfg['methods']['opd']['kl_top_k']}) exceeds `tokenizer.vocab_size` ({vocab})"
         )
     for study, scfg in cfg["studies"].items():
         _check_names(cfg, study, scfg)

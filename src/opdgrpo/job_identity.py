@@ -7,6 +7,11 @@ in the backward (``activation_checkpointing``: the same arithmetic, tests/integr
 config the rules hash (so turning tracking on does not rerun a finished DAG) and reach each job through one
 environment variable that the rules export and :func:`with_runtime` reads back. A resumed checkpoint is matched
 without them too (:func:`opdgrpo.train.checkpoint.run_identity`).
+
+A rename is not a change of result: the identity keeps the name a key had when results were made
+(:data:`opdgrpo.schema.RENAMED_KEYS`, :func:`canonical_names`), so renaming a key reruns no finished job and a
+checkpoint written before the rename still resumes. The rules pass the identity to the job, which reads the keys back
+by their current names (:func:`with_runtime`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import json
 import os
 from typing import Any, Iterable, Mapping
+
+from opdgrpo import schema
 
 #: ``train`` keys that change how a job runs, not what it computes.
 RUNTIME_KEYS = ("nonfinite", "max_nonfinite_skips", "report_to", "activation_checkpointing")
@@ -30,13 +37,44 @@ PLANNER_KEYS = ("expected_rows",)
 
 def identity(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """``cfg`` without the runtime keys and the planner-only keys (what Snakemake hashes as the job's params; no job
-    reads the planner's keys, so they are dropped, not passed)."""
-    out = dict(cfg)
-    if isinstance(cfg.get("train"), Mapping):
-        out["train"] = {k: v for k, v in cfg["train"].items() if k not in RUNTIME_KEYS}
-    if isinstance(cfg.get("domains"), Mapping):
-        out["domains"] = {name: _without_planner_keys(d) for name, d in cfg["domains"].items()}
+    reads the planner's keys, so they are dropped, not passed); renamed keys by their old names (:func:`canonical_names`)."""
+    out = canonical_names(cfg)
+    if isinstance(out.get("train"), Mapping):
+        out["train"] = {k: v for k, v in out["train"].items() if k not in RUNTIME_KEYS}
+    if isinstance(out.get("domains"), Mapping):
+        out["domains"] = {name: _without_planner_keys(d) for name, d in out["domains"].items()}
     return out
+
+
+def canonical_names(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A run config with each renamed key (:data:`opdgrpo.schema.RENAMED_KEYS`) spelt by its old name, in its place:
+    what a job's identity and a checkpoint's resume hash see. ``cfg`` itself is left as it is."""
+    return _respelt(cfg, to_old=True)
+
+
+def current_names(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`canonical_names`: the config the rules pass (a job's identity) as the job reads it."""
+    return _respelt(cfg, to_old=False)
+
+
+def _respelt(cfg: Mapping[str, Any], to_old: bool) -> dict[str, Any]:
+    out = dict(cfg)
+    run_method = cfg["method"].get("name") if isinstance(cfg.get("method"), Mapping) else None
+    for old, new, _, method in schema.renames(run_config=True):
+        if method is None or method == run_method:
+            *path, new_name = new.split(".")
+            old_name = old.rsplit(".", 1)[-1]
+            out = _spelt(out, path, *((new_name, old_name) if to_old else (old_name, new_name)))
+    return out
+
+
+def _spelt(node: Mapping[str, Any], path: list[str], name: str, spelling: str) -> dict[str, Any]:
+    """``node`` with key ``name`` of the mapping at ``path`` spelt ``spelling``, in its place; copies only the
+    mappings on the way."""
+    if not path:
+        return {(spelling if k == name else k): v for k, v in node.items()}
+    child = node.get(path[0])
+    return {**node, path[0]: _spelt(child, path[1:], name, spelling)} if isinstance(child, Mapping) else dict(node)
 
 
 def _strip(spec: Any) -> Any:
@@ -71,10 +109,15 @@ def runtime(configs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def with_runtime(cfg: dict[str, Any], environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """``cfg`` with the runtime keys from :data:`ENV` where it lacks them (a job started by the rules); a config
-    that has them (a job started by hand) keeps its own."""
-    if ENV not in environ or not isinstance(cfg.get("train"), dict):
+    """The config the rules pass (a job's :func:`identity`) as the job reads it, where :data:`ENV` is set (the rules
+    export it to every job): renamed keys by their current names (:func:`current_names`), and the runtime keys from
+    :data:`ENV` where it lacks them; a config that has them (a job started by hand) keeps its own. Without :data:`ENV`
+    the config is taken as written, so an old key name in it is an error naming the new one
+    (:func:`opdgrpo.train.preflight.check_run_inputs`)."""
+    if ENV not in environ:
         return cfg
-    extra = json.loads(environ[ENV])
-    cfg["train"] = {**{k: v for k, v in extra.items() if k in RUNTIME_KEYS}, **cfg["train"]}
+    cfg = current_names(cfg)
+    if isinstance(cfg.get("train"), dict):
+        extra = json.loads(environ[ENV])
+        cfg["train"] = {**{k: v for k, v in extra.items() if k in RUNTIME_KEYS}, **cfg["train"]}
     return cfg

@@ -22,6 +22,15 @@ from referencing import Registry, Resource
 
 SCHEMAS = Path(__file__).parent / "schemas"
 
+#: Keys renamed with their meaning unchanged: a composed config's old dotted key -> (its new name, what the key is).
+#: Wherever the old key can still be written (a Hydra override, a conf file, a run config written by hand) it is an
+#: error that names the new one, and a job's identity (what the rules hash and pass; the job reads it back by the new
+#: name) keeps the old name (:func:`opdgrpo.job_identity.canonical_names`): a rename is one line here. A
+#: ``methods.<m>`` key is also its runs' ``method`` key (:func:`run_config_key`).
+RENAMED_KEYS: dict[str, tuple[str, str]] = {
+    "methods.opd.top_k": ("kl_top_k", "the support of OPD's reverse KL; sampling's top_k is `train.eval.top_k`"),
+}
+
 
 class SchemaError(ValueError):
     """A config value the schema rejects; the message names the key (``config.ConfigError`` derives from it)."""
@@ -275,3 +284,53 @@ def allowed(name: str, *path: str) -> tuple[Any, ...]:
         if "enum" in s:
             return tuple(s["enum"])
     raise KeyError(f"schema {name}: no enum at {'.'.join(path)}")
+
+
+# ---------------------------------------------------------------------------------------------------- renamed keys
+def run_config_key(key: str) -> tuple[str, str | None]:
+    """Where a composed config's dotted ``key`` sits in a run config, and the method a run must have to hold it: the
+    planner copies ``methods.<m>`` into each ``<m>`` run's ``method`` (:mod:`opdgrpo.plan.planner`); other keys keep
+    their path."""
+    parts = key.split(".")
+    if parts[0] == "methods" and len(parts) > 2:
+        return ".".join(["method", *parts[2:]]), parts[1]
+    return key, None
+
+
+def renames(run_config: bool = False) -> list[tuple[str, str, str, str | None]]:
+    """Each entry of :data:`RENAMED_KEYS` as (old dotted key, new dotted key, what the key is, the method a run needs
+    for it), in a composed config's terms or, with ``run_config``, a run config's."""
+    out = []
+    for old, (new_name, note) in RENAMED_KEYS.items():
+        key, method = run_config_key(old) if run_config else (old, None)
+        out.append((key, f"{key.rsplit('.', 1)[0]}.{new_name}" if "." in key else new_name, note, method))
+    return out
+
+
+def renamed(key: str, run_config: bool = False, fix: str = "use `{key}` instead") -> str | None:
+    """The error for a dotted ``key`` that was renamed: its new name, what it is, and ``fix`` (``{key}``: the new
+    name); None for any other key."""
+    for old, new, note, _ in renames(run_config):
+        if key == old:
+            return f"config key `{old}` was renamed `{new}` ({note}); {fix.format(key=new)}"
+    return None
+
+
+def _block(data: Any, key: str, method: str | None) -> dict[str, Any] | None:
+    """The mapping that holds dotted ``key`` in ``data`` (None if there is none, or if the run's method is not
+    ``method``)."""
+    if method is not None and (not isinstance(data.get("method"), dict) or data["method"].get("name") != method):
+        return None
+    node = data
+    for part in key.split(".")[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else None
+
+
+def refuse_renamed(data: dict[str, Any], run_config: bool = False, fix: str = "rename it in conf/ or pass `{key}=...`") -> None:
+    """Raise :class:`SchemaError` for the first renamed key ``data`` (a composed config, or a run config) still holds,
+    naming the new key, before the schema's generic "unknown key" (which cannot say what the key became)."""
+    for old, _, _, method in renames(run_config):
+        block = _block(data, old, method)
+        if block is not None and old.rsplit(".", 1)[-1] in block:
+            raise SchemaError(renamed(old, run_config, fix))

@@ -29,7 +29,7 @@ def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
 
 #: The dry runs the tests below read, by name: `snakemake -n` with these --config values against the finished DAG.
 DRY_RUNS = {"unchanged": ("profile=smoke",),
-            "opd_top_k": ("profile=smoke", "overrides=[methods.opd.top_k=8]"),
+            "opd_kl_top_k": ("profile=smoke", "overrides=[methods.opd.kl_top_k=8]"),
             "grpo_clip_eps": ("profile=smoke", "overrides=[methods.grpo.clip_eps=0.3]"),
             # keys that change no result (opdgrpo.job_identity): a finished DAG stays finished
             "runtime_keys": ("profile=smoke", "overrides=[train.nonfinite=skip,train.max_nonfinite_skips=5,"
@@ -127,7 +127,7 @@ def test_another_spelling_of_the_command_reruns_nothing(dry_runs):
 
 @pytest.mark.slow
 def test_an_opd_hyperparameter_reruns_only_opd_runs_and_the_report(dry_runs):
-    dry = dry_runs["opd_top_k"]
+    dry = dry_runs["opd_kl_top_k"]
     assert dry.returncode == 0, dry.stderr[-2000:]
     n_opd = sum(1 for j in build_plan(compose(["profile=smoke"], REPO / "conf")).runs() if j.config["method"]["name"] == "opd")
     assert scheduled_jobs(dry.stdout) == {"opd": n_opd, "report": 1, "all": 1}

@@ -2,8 +2,8 @@
 and deletes nothing that is finished.
 
 Cases covered elsewhere and not repeated here:
-  - unknown study, unknown domain or teacher in a study, zero/negative learning rate, GRPO group size 1, top-k larger
-    than the vocabulary, `seeds=[]`, `threads=two`, S2 bins: tests/unit/test_config_plan.py::test_bad_config_fails_early_naming_the_key
+  - unknown study, unknown domain or teacher in a study, zero/negative learning rate, GRPO group size 1, OPD's KL support
+    (`kl_top_k`) larger than the vocabulary, `seeds=[]`, `threads=two`, S2 bins: tests/unit/test_config_plan.py::test_bad_config_fails_early_naming_the_key
   - unknown profile: tests/unit/test_config_plan.py::test_unknown_profile_is_named
   - evals.jsonl missing `accuracy` (the report's curves input): tests/integration/test_report.py::test_missing_key_names_key_and_line
   - a malformed or truncated evals.jsonl line: tests/integration/test_report.py::test_malformed_middle_line_names_file_and_line,
@@ -38,6 +38,11 @@ def _compose(*overrides: str):
     return compose(["profile=smoke", *overrides], CONF)
 
 
+#: The error of a renamed key (opdgrpo.schema.RENAMED_KEYS), in a composed config's terms.
+RENAMED = (r"config key `methods\.opd\.top_k` was renamed `methods\.opd\.kl_top_k` \(the support of OPD's reverse KL; "
+           r"sampling's top_k is `train\.eval\.top_k`\)")
+
+
 # ------------------------------------------------------------------------------------------- config, before planning
 @pytest.mark.parametrize(
     "override,message",
@@ -57,7 +62,11 @@ def _compose(*overrides: str):
         ("methods.opd.lr=inf", r"`methods\.opd\.lr` must be a finite number, got inf"),
         ("train.eval.temperature=-inf", r"`train\.eval\.temperature` must be a finite number, got -inf"),
         ("~train.max_new_tokens", r"missing config key `train\.max_new_tokens`.*; add it to conf/ or pass"),
-        ("~methods.opd.top_k", r"missing config key `methods\.opd\.top_k`"),
+        ("~methods.opd.kl_top_k", r"missing config key `methods\.opd\.kl_top_k` \(the support of OPD's reverse KL"),
+        # a renamed key names its new name: as an override Hydra refuses (its hint), and as a key added to the block
+        ("methods.opd.top_k=8", RENAMED + r"; use `methods\.opd\.kl_top_k` instead"),
+        ("~methods.opd.top_k", RENAMED + r"; use `methods\.opd\.kl_top_k` instead"),
+        ("+methods.opd.top_k=8", RENAMED + r"; rename it in conf/ or pass `methods\.opd\.kl_top_k=\.\.\.`"),
         ("methods.opd.lr=abc", r"`methods\.opd\.lr` must be a number, got 'abc'"),
         ("train.prompts_per_step=1.5", r"`train\.prompts_per_step` must be an integer, got 1\.5"),
         ("train.precision=fp8", r"`train\.precision` must be one of \['auto', 'bf16', 'fp32'\]"),
@@ -90,6 +99,17 @@ def test_bad_config_fails_at_compose_naming_the_key(override, message):
 def test_model_and_tokenizer_sources_refuse_keys_that_would_do_nothing(profile, override, message):
     with pytest.raises(ConfigError, match=f"(?s){message}"):
         compose([f"profile={profile}", override], CONF)
+
+
+def test_a_renamed_key_in_a_conf_file_names_its_new_name(tmp_path):
+    """A profile written before the rename still sets the old key: Hydra merges a file's keys without complaint, so
+    the check on the composed config names the new key (not the schema's bare "unknown key")."""
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    (conf / "profile" / "old.yaml").write_text("# @package _global_\ndefaults:\n  - smoke\n  - _self_\n\n"
+                                              "methods:\n  opd:\n    top_k: 8\n")
+    with pytest.raises(ConfigError, match=f"(?s){RENAMED}; rename it in conf/"):
+        compose(["profile=old"], conf)
 
 
 @pytest.mark.parametrize(
@@ -245,6 +265,15 @@ def test_invalid_mix_and_method_fail_in_train(world, finished_run):
     cfg = _run_cfg(world, "grpo-student-math-s0")
     cfg["method"]["name"] = "ppo"
     _fails_untouched(cfg, finished_run, ValueError, r"`method\.name` must be one of \['grpo', 'opd'\]")
+
+
+def test_a_renamed_key_in_a_run_config_names_its_new_name(world, finished_run):
+    """A run config written by hand (or before the rename) with the old key: the job names the new one."""
+    cfg = _run_cfg(world, "opd-teacher_m-math-s0")
+    cfg["method"]["top_k"] = cfg["method"].pop("kl_top_k")
+    _fails_untouched(cfg, finished_run, ValueError,
+                     r"config key `method\.top_k` was renamed `method\.kl_top_k` \(the support of OPD's reverse KL; "
+                     r"sampling's top_k is `train\.eval\.top_k`\); regenerate the job's config from the plan")
 
 
 def test_opd_without_a_teacher_for_a_domain(world, finished_run):

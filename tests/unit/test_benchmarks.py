@@ -86,12 +86,14 @@ def test_compare_reports_medians_per_trainer():
 
 def test_run_config_points_at_the_world_and_rejects_unknown_keys(tmp_path):
     world = common.World(tmp_path / "tok", {"student": tmp_path / "s", "teacher_l": tmp_path / "t"}, "test")
-    cfg = common.run_config("opd", world, tmp_path, overrides={"method.top_k": 4, "train.prompts_per_step": 2})
-    assert cfg["method"]["name"] == "opd" and cfg["method"]["top_k"] == 4 and cfg["train"]["prompts_per_step"] == 2
+    cfg = common.run_config("opd", world, tmp_path, overrides={"method.kl_top_k": 4, "train.prompts_per_step": 2})
+    assert cfg["method"]["name"] == "opd" and cfg["method"]["kl_top_k"] == 4 and cfg["train"]["prompts_per_step"] == 2
     assert cfg["student"]["path"] == str(tmp_path / "s") and cfg["tokenizer"] == str(tmp_path / "tok")
     assert cfg["teachers"] == {"math": {"from": "benchmark", "path": str(tmp_path / "t")}}
-    with pytest.raises(SystemExit, match="method.top_kk"):
-        common.run_config("grpo", world, tmp_path, overrides={"method.top_kk": 4})
+    with pytest.raises(SystemExit, match="method.kl_top_kk"):
+        common.run_config("grpo", world, tmp_path, overrides={"method.kl_top_kk": 4})
+    with pytest.raises(SystemExit, match=r"`method\.top_k` was renamed `method\.kl_top_k`"):
+        common.run_config("opd", world, tmp_path, overrides={"method.top_k": 4})
 
 
 def test_load_world_names_a_bad_directory(tmp_path):

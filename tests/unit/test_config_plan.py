@@ -40,12 +40,12 @@ def test_plan_covers_every_study_and_shares_runs():
 def test_run_configs_hold_only_what_the_run_uses():
     plan = plan_for()
     grpo = plan.jobs["grpo-student-code-s0"].config
-    assert grpo["method"]["name"] == "grpo" and "top_k" not in grpo["method"]
+    assert grpo["method"]["name"] == "grpo" and "kl_top_k" not in grpo["method"]
     assert set(grpo["domains"]) == {"code"} and grpo["teachers"] == {}
 
 
 def test_an_opd_edit_changes_only_opd_job_configs():
-    before, after = plan_for(), plan_for("methods.opd.top_k=8")
+    before, after = plan_for(), plan_for("methods.opd.kl_top_k=8")
     changed = {j for j in before.jobs if before.jobs[j].config != after.jobs[j].config}
     assert changed == {j.id for j in before.runs() if j.config["method"]["name"] == "opd"}
 
@@ -56,7 +56,7 @@ def test_an_opd_edit_changes_only_opd_job_configs():
         ("methods.grpo.group_size=1", "methods.grpo.group_size"),
         ("methods.opd.lr=0", "methods.opd.lr"),
         ("methods.grpo.lr=-1e-4", "methods.grpo.lr"),
-        ("methods.opd.top_k=100000", "methods.opd.top_k"),
+        ("methods.opd.kl_top_k=100000", "methods.opd.kl_top_k"),
         ("methods.grpo.clip_eps_high=0.28", "methods.grpo.clip_eps_high"),   # acts only with several updates
         ("methods.grpo.updates_per_batch=0", "methods.grpo.updates_per_batch"),
         ("methods.grpo.beta=-0.1", "methods.grpo.beta"),

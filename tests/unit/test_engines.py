@@ -193,7 +193,7 @@ def test_engine_correction_is_on_for_vllm_grpo_and_refused_where_it_does_nothing
     with pytest.raises(ConfigError, match=r"`methods.grpo.engine_is_cap` acts only with `train.engine: vllm`"):
         compose(["profile=tiny", "+methods.grpo.engine_is_cap=2.0"])
     with pytest.raises(ValueError, match="`method.engine_is_cap` does nothing under OPD"):
-        OPDObjective({"engine_is_cap": 2.0, "rollouts_per_prompt": 1, "aggregation": "token-mean", "top_k": 4}, {}, "fp32")
+        OPDObjective({"engine_is_cap": 2.0, "rollouts_per_prompt": 1, "aggregation": "token-mean", "kl_top_k": 4}, {}, "fp32")
 
 
 class _RecordedLLM:

@@ -59,7 +59,7 @@ def test_temperature_one_divides_nothing() -> None:
 def test_opd_log_probs_are_untempered() -> None:
     logits = torch.randn(2, 3, 5)
     shard = _shard([[1, 2, 3], [4, 0, 1]], [1.0, 0.0])
-    opd = OPDObjective({"name": "opd", "rollouts_per_prompt": 2, "aggregation": "token-mean", "top_k": 2}, {}, "fp32")
+    opd = OPDObjective({"name": "opd", "rollouts_per_prompt": 2, "aggregation": "token-mean", "kl_top_k": 2}, {}, "fp32")
     assert torch.equal(opd.logprobs(logits, shard.targets), token_logprobs(logits, shard.targets))
 
 

@@ -3,6 +3,7 @@ job through one environment variable (the finished-DAG side: tests/e2e/test_pipe
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -56,3 +57,53 @@ def test_every_runtime_key_takes_a_plain_override(profile):
                    "train.max_nonfinite_skips=5", "train.activation_checkpointing=true"])
     assert {k: cfg["train"][k] for k in job_identity.RUNTIME_KEYS} == {
         "nonfinite": "skip", "max_nonfinite_skips": 5, "report_to": ["tensorboard"], "activation_checkpointing": True}
+
+
+def _spelt_as_before_the_rename(run_config: dict) -> dict:
+    """The run config as the planner wrote it before `methods.opd.top_k` became `methods.opd.kl_top_k`."""
+    old = copy.deepcopy(run_config)
+    old["method"] = {("top_k" if k == "kl_top_k" else k): v for k, v in old["method"].items()}
+    return old
+
+
+def test_a_renamed_key_changes_no_jobs_identity():
+    """A rename is not a change of result: Snakemake must not rerun a finished job over it, so the identity spells
+    the key by the name it had when the results were made (opdgrpo.schema.RENAMED_KEYS)."""
+    plan = build_plan(compose(["profile=smoke"]))
+    job = plan.jobs["opd-teacher_m-math-s0"]
+    assert job.config["method"]["kl_top_k"] == 16 and "top_k" not in job.config["method"]
+    before = _spelt_as_before_the_rename(job.config)
+    hashed = job_identity.identity(job.config)
+    assert json.dumps(hashed, sort_keys=True) == json.dumps(job_identity.identity(before), sort_keys=True)
+    assert hashed["method"] == before["method"] and hashed["method"]["top_k"] == 16
+    assert job.config["method"]["kl_top_k"] == 16 and "top_k" not in job.config["method"]   # the config is untouched
+    changed = copy.deepcopy(job.config)
+    changed["method"]["kl_top_k"] = 8
+    assert job_identity.identity(changed)["method"]["top_k"] == 8   # a new value is still a new identity
+    grpo = plan.jobs["grpo-student-math-s0"].config
+    assert job_identity.identity(grpo)["method"] == grpo["method"]
+
+
+def test_the_rules_pass_the_old_name_and_the_job_reads_the_new_one():
+    """The rules pass a job its identity (old names); where they started it (:data:`job_identity.ENV` set), the job
+    reads its config by the current names. A config started by hand is read as written (an old name is an error:
+    tests/unit/test_bad_input.py)."""
+    cfg = compose(["profile=smoke"])
+    job = build_plan(cfg).jobs["opd-teacher_m-math-s0"]
+    passed = json.loads(json.dumps(job_identity.identity(job.config), sort_keys=True))
+    assert "top_k" in passed["method"] and "kl_top_k" not in passed["method"]
+    shared = job_identity.runtime(j.config for j in build_plan(cfg).jobs.values())
+    back = job_identity.with_runtime(passed, {job_identity.ENV: json.dumps(shared)})
+    assert back["method"] == job.config["method"] and back["train"] == job.config["train"]
+    assert job_identity.with_runtime(copy.deepcopy(passed), {})["method"] == passed["method"]
+
+
+def test_a_checkpoint_written_before_a_rename_still_resumes(monkeypatch):
+    """The resume hash is the run config's hash as it was computed before the rename (upstream digests aside)."""
+    monkeypatch.setattr(checkpoint, "upstream_fingerprint", lambda cfg: {})
+    run_config = build_plan(compose(["profile=smoke"])).jobs["opd-teacher_m-math-s0"].config
+    before = _spelt_as_before_the_rename(run_config)
+    kept = {k: v for k, v in before["train"].items() if k not in checkpoint.NOT_IDENTITY_KEYS and k != "precision"}
+    written = checkpoint.config_hash({"config": {**before, "train": kept}, "upstream": {}})
+    assert checkpoint.run_identity(run_config) == written
+    assert checkpoint.run_identity({**run_config, "method": {**run_config["method"], "kl_top_k": 8}}) != written

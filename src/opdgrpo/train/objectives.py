@@ -182,7 +182,7 @@ class OPDObjective:
                              "correction'); remove it")
         self.rollouts_per_prompt = int(method["rollouts_per_prompt"])
         self.aggregation = str(method["aggregation"])
-        self.top_k = int(method["top_k"])
+        self.kl_top_k = int(method["kl_top_k"])
         self.teachers = teachers                                   # domain -> model (one model may serve several)
         self.forwards = {id(t): FrozenForward(t) for t in teachers.values()}
         self.precision = precision
@@ -202,14 +202,14 @@ class OPDObjective:
         log-probs at the rollouts' temperature, detached (for :func:`engine_correction`)."""
         if shard.scored.rollouts.logprobs is None:
             def reduce(logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
-                return student_topk(check(logits, "student_logits"), self.top_k)
+                return student_topk(check(logits, "student_logits"), self.kl_top_k)
             return reduce, ()
 
         def reduce_with_tokens(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
             logits = check(logits, "student_logits")
             with torch.no_grad():
                 sampled = token_logprobs(logits, targets, temperature=self.temperature)
-            return (*student_topk(logits, self.top_k), sampled)
+            return (*student_topk(logits, self.kl_top_k), sampled)
         return reduce_with_tokens, (shard.targets,)
 
     def teacher_topk(self, top_ids: torch.Tensor, vocab: int, shard: Shard, check: Check,

@@ -95,6 +95,8 @@ def check_run_inputs(cfg: dict[str, Any]) -> None:
             raise ValueError(f"run config: missing key `{key}`; regenerate the job's config from the plan (`opdgrpo plan`)")
     method = cfg["method"]
     fix = "regenerate the job's config from the plan (`opdgrpo plan`) or fix `{key}` in it"
+    schema.refuse_renamed(cfg, run_config=True, fix="regenerate the job's config from the plan (`opdgrpo plan`) or "
+                                                    "rename it `{key}` in it")
     schema.validate(method, "method", where="method", fix=fix)
     schema.validate(cfg["train"], "train", where="train", fix=fix)
     tracking.check_installed(cfg["train"].get("report_to"))
