@@ -254,7 +254,8 @@ def _check_engine_lengths(cfg: dict[str, Any]) -> None:
     train = cfg["train"]
     new = {"vllm": int(train["max_new_tokens"]),
            "vllm_alone": max(int(train["max_new_tokens"]),
-                             int(((cfg.get("pretrain") or {}).get("eval") or {}).get("max_new_tokens") or 0))}
+                             int(schema.with_defaults((cfg.get("pretrain") or {}).get("eval") or {},
+                                                      "config.schema.yaml#/$defs/pretrain", "eval")["max_new_tokens"]))}
     for key, tokens in new.items():
         length = (train.get(key) or {}).get("max_model_len")
         if length is not None and int(length) <= tokens:

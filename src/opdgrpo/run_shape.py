@@ -40,6 +40,12 @@ def train_settings(train: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def method_settings(method: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's ``method`` block with every key it leaves out at its method's schema default
+    (``method.schema.yaml#/$defs/<name>``, :func:`opdgrpo.schema.with_defaults`)."""
+    return schema.with_defaults(method, f"method.schema.yaml#/$defs/{method['name']}")
+
+
 def evaluation_count(run_cfg: Mapping[str, Any]) -> int:
     """Held-out evaluations a run makes (:func:`evaluations`), from its config."""
     return evaluations(int(run_cfg["method"]["steps"]), int(run_cfg["train"].get("eval_every") or 0))
@@ -91,13 +97,15 @@ class RunShape:
     rollout: Sampling
     evaluation: Sampling
     settings: Mapping[str, Any] = field(compare=False, repr=False)   # the train block with its defaults, for the rest
+    method: Mapping[str, Any] = field(compare=False, repr=False)     # the method block with its defaults
 
     @classmethod
     def of(cls, run_cfg: Mapping[str, Any], world: int = 1) -> RunShape:
         """The shape of the run ``run_cfg`` (a plan's run config: ``train`` and ``method`` blocks) on ``world``
         processes; ValueError naming the key when its shards cannot be dealt evenly."""
-        train, method = train_settings(run_cfg["train"]), run_cfg["method"]
-        minibatches = int(method.get("minibatches", 1))   # GRPO's knobs; 1 where the method has none
+        train, method = train_settings(run_cfg["train"]), method_settings(run_cfg["method"])
+        grpo = method["name"] == "grpo"   # GRPO's knobs; an OPD batch gets one update and has no reference model
+        minibatches = int(method["minibatches"]) if grpo else 1
         prompts = int(train["prompts_per_step"])
         shards = int(train["micro_batches"] or world * minibatches)
         if shards % (world * minibatches) or prompts % shards:
@@ -109,15 +117,15 @@ class RunShape:
         return cls(steps=int(method["steps"]), eval_every=int(train["eval_every"]),
                    checkpoint_every=int(train["checkpoint_every"]), prompts_per_step=prompts,
                    rows_per_prompt=int(per_prompt), mix=str(train["mix"]), world=int(world), shards=shards,
-                   minibatches=minibatches, updates_per_batch=int(method.get("updates_per_batch", 1)),
-                   reference=float(method.get("beta") or 0.0) > 0, logit_chunk_tokens=int(train["logit_chunk_tokens"]),
+                   minibatches=minibatches, updates_per_batch=int(method["updates_per_batch"]) if grpo else 1,
+                   reference=grpo and float(method["beta"]) > 0, logit_chunk_tokens=int(train["logit_chunk_tokens"]),
                    microbatch_tokens=check_budget(train["max_tokens_per_microbatch"], "train.max_tokens_per_microbatch"),
                    precision=str(train["precision"]), distributed=str(train["distributed"]),
                    nonfinite=str(train["nonfinite"]), max_skips=int(train["max_nonfinite_skips"]),
                    engine=str(train["engine"]), rollout=Sampling(float(train["temperature"]), new),
                    evaluation=Sampling(float(ev["temperature"]), new, float(ev["top_p"]), int(ev["top_k"]), int(ev["k"]),
                                        int(ev["batch_size"]), ev["max_batch_tokens"]),
-                   settings=train)
+                   settings=train, method=method)
 
     def resolved(self, precision: str) -> RunShape:
         """This shape with its precision as the job resolved it on its device (``bf16`` or ``fp32``): the trainer

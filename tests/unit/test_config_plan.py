@@ -230,7 +230,8 @@ def test_a_misspelt_key_is_refused_naming_the_declared_one():
 
 
 def test_no_reader_writes_a_default_of_its_own():
-    """A default is written once, in the schema: the code reads keys through `train_settings`/`schema.default`,
+    """A default is written once, in the schema: the code reads `train`, `method`, `pretrain.eval` and a model's
+    `sampling` keys through `train_settings`/`method_settings`/`schema.with_defaults`/`schema.default`,
     so `.get("<key>", <literal>)` or `.get("<key>") or <literal>` on a train key would be a second default that can
     drift."""
     import re
@@ -238,7 +239,12 @@ def test_no_reader_writes_a_default_of_its_own():
     src = REPO / "src" / "opdgrpo"
     from opdgrpo import schema
 
-    keys = "|".join(sorted(schema.with_defaults({}, "train")))
+    declared = {**schema.with_defaults({}, "train"), **schema.with_defaults({}, "train", "eval"),
+                **schema.with_defaults({}, "method.schema.yaml#/$defs/grpo"),
+                **schema.with_defaults({}, "method.schema.yaml#/$defs/opd"),
+                **schema.with_defaults({}, "config.schema.yaml#/$defs/pretrain", "eval"),
+                **schema.with_defaults({}, "model", "sampling")}
+    keys = "|".join(sorted(declared))
     literal = r"""(["'\d\[{]|True|False|None)"""   # `.get("key", <literal>)` or `.get("key") or <literal>`
     pattern = re.compile(r"""\.get\(["'](""" + keys + r""")["'](,\s*|\)\s*or\s*)""" + literal)
     found = [f"{p.relative_to(REPO)}:{i}: {line.strip()}" for p in src.rglob("*.py")

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from opdgrpo import schema
 from opdgrpo.cost import overheads
 from opdgrpo.cost.engine_memory import EngineStart, decode_seconds, engine_start
 from opdgrpo.cost.heldout import EvalSet, base_cap, base_sets, response_tokens, thinks
@@ -57,8 +58,9 @@ def longest_prompt(cfg: Mapping[str, Any], domains: Sequence[str], cap: int) -> 
 
 
 def _eval_rows(ev: Mapping[str, Any], row: int) -> int:
-    """Rows per evaluation batch of the own sampler: ``batch_size``, capped by ``max_batch_tokens`` where set."""
-    rows = int(ev.get("batch_size") or 64)
+    """Rows per evaluation batch of the own sampler: ``batch_size`` (a base job's ``pretrain.eval`` read with its
+    schema defaults, a difficulty job's rule), capped by ``max_batch_tokens`` where set."""
+    rows = int(ev["batch_size"])
     budget = ev.get("max_batch_tokens")
     return max(1, min(rows, int(budget) // row)) if budget else rows
 
@@ -130,7 +132,8 @@ def base_estimate(cfg: Mapping[str, Any], job: Any, hw: Hardware | None) -> JobE
     gpus = int(((cfg.get("resources") or {}).get("base") or {}).get("gpu") or 1)
     prompt = longest_prompt(cfg, sorted(rc.get("domains") or cfg["domains"]), cap)
     est = estimate(cfg, job.id, "base", [Sampler(name, _bytes(rc["model"].get("dtype")), sets, cap)],
-                   rc["pretrain"].get("eval") or {}, prompt, gpus, hw)
+                   schema.with_defaults(rc["pretrain"].get("eval") or {}, "config.schema.yaml#/$defs/pretrain", "eval"),
+                   prompt, gpus, hw)
     est.notes += [f"evaluation of {u} not counted (no size or expected_rows)" for u in unsized]
     return est
 

@@ -77,7 +77,7 @@ def estimated_seconds(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any])
             return OVERHEAD_S
         pre = rc.get("pretrain") or {}
         steps = int(((rc.get("model") or {}).get("pretrain") or {}).get("steps") or 0)
-        flops = steps * flop_formulas.train_flops(arch, int(pre.get("batch_size") or 1), PRETRAIN_TOKENS)
+        flops = steps * flop_formulas.train_flops(arch, int(pre["batch_size"]), PRETRAIN_TOKENS) if steps else 0.0
         return OVERHEAD_S + flops / PRETRAIN_RATE
     if job.kind != "train":
         return 4 * OVERHEAD_S   # tokenizer, difficulty selection: small next to training
@@ -85,7 +85,7 @@ def estimated_seconds(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any])
     student = _arch(cfg, _model(rc["student"].get("from", ""), jobs))
     if student is None:
         return OVERHEAD_S
-    max_new = int(train.get("max_new_tokens") or 32)
+    max_new = int(train["max_new_tokens"])
     tokens = max(_tokens(cfg, d, max_new) for d in rc.get("train_domains") or [""])   # the batch's padded length
     per_prompt = int(method.get("group_size") or method.get("rollouts_per_prompt") or 1)
     rows = int(train.get("prompts_per_step") or 1) * per_prompt

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from opdgrpo.errors import ConfigError
 from opdgrpo.plan.naming import into, study_student
-from opdgrpo.run_shape import train_settings
+from opdgrpo.run_shape import method_settings, train_settings
 
 
 @dataclass
@@ -89,7 +89,7 @@ class Planner:
         self.root = f"{cfg['results_dir']}/{cfg['profile']}"
         self.jobs: dict[str, Job] = {}
         self.studies: dict[str, dict[str, Any]] = {}
-        unknown = sorted(set(cfg["methods"]["grpo"].get("domain_steps") or {}) - set(cfg["domains"]))
+        unknown = sorted(set(method_settings(cfg["methods"]["grpo"])["domain_steps"]) - set(cfg["domains"]))
         if unknown:
             raise ConfigError(f"config key `methods.grpo.domain_steps` names {unknown}, not among `domains` "
                               f"({sorted(cfg['domains'])})")
@@ -255,7 +255,7 @@ class Planner:
 
     def grpo_expert(self, study: str, domain: str, seed: int, student: str = "student") -> Job:
         """A student's GRPO run on one domain: S1's baseline, S3's self-teacher, S4/S5's expert (one run, shared)."""
-        steps = (self.cfg["methods"]["grpo"].get("domain_steps") or {}).get(domain)
+        steps = method_settings(self.cfg["methods"]["grpo"])["domain_steps"].get(domain)
         return self.add_run(f"grpo-{student}-{domain}-s{seed}", study, "grpo", [domain], seed, f"base:{student}",
                         method_overrides={"steps": steps}, label="GRPO")
 

@@ -99,7 +99,7 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     for role in ("student", "teacher"):
         # A model with its own sampling settings (a thinking teacher: temperature 0.6, top-p 0.95, top-k 20,
         # thinking on) samples with them; otherwise at the rule's temperature from the full distribution.
-        sampling = cfg[role].get("sampling") or {}
+        sampling = schema.with_defaults(cfg[role].get("sampling") or {}, "model", "sampling")
         fmt = PromptFormat.from_config({**prompt_format, **({"enable_thinking": sampling["enable_thinking"]}
                                                            if "enable_thinking" in sampling else {}),
                                         **({"stop_strings": cfg[role]["stop_strings"]} if "stop_strings" in cfg[role] else {})})
@@ -116,7 +116,7 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
             rates[role], flops[role] = solve_rates(
                 model, tokenizer, domain, tasks, k=int(rule["k"]),
                 temperature=float(sampling.get("temperature", rule["temperature"])),
-                top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)), fmt=fmt,
+                top_p=float(sampling["top_p"]), top_k=int(sampling["top_k"]), fmt=fmt,
                 max_new_tokens=max_new_tokens,
                 batch_size=int(rule["batch_size"]), seed=int(cfg["seed"]), max_batch_tokens=rule.get("max_batch_tokens"),
                 progress=Progress(f"difficulty-{domain_name} {role}", batches), engine=engine)

@@ -195,22 +195,23 @@ def _evaluate_base(cfg: Mapping[str, Any], checkpoint: Path, workers) -> tuple[t
                        device="meta" if engine_on else device)
     tokenizer = load_tokenizer(Path(cfg["tokenizer"]))
     domains = {d: build_domain(spec) for d, spec in cfg["domains"].items()}
-    ev, sampling = cfg["pretrain"]["eval"], model_cfg.get("sampling") or {}
+    ev = schema.with_defaults(cfg["pretrain"]["eval"], "config.schema.yaml#/$defs/pretrain", "eval")
+    sampling = schema.with_defaults(model_cfg.get("sampling") or {}, "model", "sampling")
     fmt = PromptFormat.from_config({**(cfg.get("prompt_format") or {}), **(model_cfg.get("prompt_format") or {}),   # its own family's
                                     **({"enable_thinking": sampling["enable_thinking"]} if "enable_thinking" in sampling else {})})
-    if ev.get("max_prompts") == 0:
+    if ev["max_prompts"] == 0:
         return model, [], 0.0, None
-    heldout = heldout_for(domains, sorted(domains), ev.get("max_prompts"))
-    max_new_tokens = int(sampling.get("max_new_tokens", ev.get("max_new_tokens", 48)))
+    heldout = heldout_for(domains, sorted(domains), ev["max_prompts"])
+    max_new_tokens = int(sampling.get("max_new_tokens", ev["max_new_tokens"]))
     tasks = [t for sets in heldout.values() for s in sets.values() for t in s]
     precision = resolve_precision(configured_precision(cfg["pretrain"], "pretrain.precision"), device, "pretrain.precision")
     with autocast(precision, device.type), checkpoint_engine(cfg, checkpoint, model, tokenizer=tokenizer, tasks=tasks,
                                                              fmt=fmt, max_new_tokens=max_new_tokens) as engine:
         results, flops = evaluate(model, tokenizer, domains, heldout, k=int(ev["k"]),
                                   temperature=float(sampling.get("temperature", ev["temperature"])),
-                                  top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)),
-                                  max_new_tokens=max_new_tokens, batch_size=int(ev.get("batch_size", 64)),
-                                  seed=int(cfg["seed"]), fmt=fmt, max_batch_tokens=ev.get("max_batch_tokens"),
+                                  top_p=float(sampling["top_p"]), top_k=int(sampling["top_k"]),
+                                  max_new_tokens=max_new_tokens, batch_size=int(ev["batch_size"]),
+                                  seed=int(cfg["seed"]), fmt=fmt, max_batch_tokens=ev["max_batch_tokens"],
                                   budget_key="pretrain.eval.max_batch_tokens", engine=engine, workers=workers)
         # where each process's engine ran (a collective: before the engine's teardown ends the process group)
         placement = getattr(engine, "placement", None)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from opdgrpo import schema
 from opdgrpo.domains import build_domain
 from opdgrpo.progress import Progress, clock
 from opdgrpo.runio import append_jsonl, rewrite_jsonl, write_json, write_yaml
@@ -118,18 +119,18 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
             append_jsonl(ledger_path, {"step": step, "loss": loss_value, "flops": {"train": step_flops},
                                        "cumulative_flops": total_flops, "counted": False, "wall_s": round(wall, 3),
                                        "achieved_flops_per_s": step_flops / wall})
-    eval_cfg = pre["eval"]
-    heldout = heldout_for(domains, sorted(domains), eval_cfg.get("max_prompts"))
+    eval_cfg = schema.with_defaults(pre["eval"], "config.schema.yaml#/$defs/pretrain", "eval")
+    heldout = heldout_for(domains, sorted(domains), eval_cfg["max_prompts"])
     model.save_pretrained(out_dir / "checkpoint")   # before the evaluation: a vLLM engine samples from it
     tokenizer.save_pretrained(out_dir / "checkpoint")
-    max_new_tokens = int((model_cfg.get("sampling") or {}).get("max_new_tokens", 48))
+    max_new_tokens = int((model_cfg.get("sampling") or {}).get("max_new_tokens", eval_cfg["max_new_tokens"]))
     tasks = [t for sets in heldout.values() for s in sets.values() for t in s]
     with autocast(precision), checkpoint_engine(cfg, out_dir / "checkpoint", model, tokenizer=tokenizer, tasks=tasks,
                                                 fmt=PromptFormat(), max_new_tokens=max_new_tokens) as engine:
         results, eval_flops = evaluate(model, tokenizer, domains, heldout, k=int(eval_cfg["k"]),
                                        temperature=float(eval_cfg["temperature"]), max_new_tokens=max_new_tokens,
-                                       batch_size=int(eval_cfg.get("batch_size", 512)), seed=int(cfg["seed"]),
-                                       max_batch_tokens=eval_cfg.get("max_batch_tokens"),
+                                       batch_size=int(eval_cfg["batch_size"]), seed=int(cfg["seed"]),
+                                       max_batch_tokens=eval_cfg["max_batch_tokens"],
                                        budget_key="pretrain.eval.max_batch_tokens", engine=engine)
     rewrite_jsonl(out_dir / "evals.jsonl", [{"step": steps, "cumulative_flops": 0.0, "eval_flops": eval_flops, "results": results}])
     summary = {

@@ -283,7 +283,7 @@ def _progress_values(line: dict[str, Any], wall: float) -> dict[str, Any]:
 
 
 def _set_lr(run: Run, step: int) -> None:
-    lr, warmup = float(run.cfg["method"]["lr"]), int(run.cfg["method"].get("warmup_steps") or 0)
+    lr, warmup = float(run.shape.method["lr"]), int(run.shape.method["warmup_steps"] or 0)
     for group in run.optimizer.param_groups:
         group["lr"] = lr * min(1.0, (step + 1) / warmup) if warmup else lr
 
@@ -295,7 +295,7 @@ def _sample(run: Run, step: int, stats: StepStats, guard: NonFiniteCheck) -> lis
     per_prompt, device, shards = run.objective.rollouts_per_prompt, run.workers.device, []
     # OPD's loss does not read rewards: `score_rollouts: false` leaves the ledger's `reward` null and skips the
     # verifiers (the code sandbox is about a third of an OPD code step); held-out evaluation scores as always.
-    stats.scored = run.objective.needs_rewards or bool(run.cfg["method"].get("score_rollouts", True))
+    stats.scored = run.objective.needs_rewards or bool(run.shape.method.get("score_rollouts"))
     with run.workers.full_params(run.model) as policy, _engine_awake(run):
         policy.eval()
         if run.engine:   # the weights after ``step`` updates, into the engine in memory (once per version)
@@ -608,7 +608,7 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
         params, lr=float(method["lr"]), betas=tuple(method["betas"]), weight_decay=float(method["weight_decay"])))
     run = Run(cfg, run_dir, workers, tokenizer, domains, pools, heldout, counts, PromptFormat.from_config(shared),
               student, model, optimizer, objective, identity, peak, subset, shape=shape,
-              reference=_reference(cfg, workers.device, attention, param_dtype))
+              reference=_reference(cfg, shape, workers.device, attention, param_dtype))
     if state:
         _resume(run, state)
     run.engine = _engine(run)
@@ -712,10 +712,11 @@ def _teachers(cfg: dict[str, Any], workers: Workers, attention: str, teacher_dty
     return teachers
 
 
-def _reference(cfg: dict[str, Any], device: torch.device, attention: str, dtype: torch.dtype) -> FrozenForward | None:
+def _reference(cfg: dict[str, Any], shape: RunShape, device: torch.device, attention: str,
+               dtype: torch.dtype) -> FrozenForward | None:
     """GRPO with ``beta > 0``: the frozen reference model, the run's initial student checkpoint (``student.path``,
     also on resume), in the student's parameter dtype; forwarded without gradients. None otherwise."""
-    if float(cfg["method"].get("beta") or 0.0) <= 0:
+    if not shape.reference:
         return None
     model = load_model(cfg["student"]["path"], dtype=dtype, trainable=False, attn_implementation=attention, device=device)
     return FrozenForward(model.eval())

@@ -22,7 +22,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from opdgrpo.domains import Task
-from opdgrpo.run_shape import DEFAULT_CHUNK_TOKENS
+from opdgrpo.run_shape import DEFAULT_CHUNK_TOKENS, method_settings
 from opdgrpo.train import flops as flop_formulas
 from opdgrpo.train.inference import FrozenForward
 from opdgrpo.train.logit_chunks import Reduce
@@ -117,13 +117,14 @@ class GRPOObjective:
     name, scores_with_teachers, needs_rewards = "grpo", False, True
 
     def __init__(self, method: dict[str, Any], temperature: float = 1.0):
+        method = method_settings({**method, "name": "grpo"})
         self.rollouts_per_prompt = int(method["group_size"])
         self.aggregation = str(method["aggregation"])
         self.scale_by_std = bool(method["scale_by_std"])
-        self.clip_eps, self.clip_eps_high = float(method["clip_eps"]), method.get("clip_eps_high")
-        self.beta = float(method.get("beta") or 0.0)
+        self.clip_eps, self.clip_eps_high = float(method["clip_eps"]), method["clip_eps_high"]
+        self.beta = float(method["beta"])
         self.temperature = float(temperature)
-        self.engine_is_cap = method.get("engine_is_cap")
+        self.engine_is_cap = method["engine_is_cap"]
 
     def logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return token_logprobs(logits, targets, temperature=self.temperature)

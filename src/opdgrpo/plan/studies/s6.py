@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from opdgrpo.plan.naming import into, study_student
 from opdgrpo.plan.studies.base import CostSheet, Study, check_smooth_window, matching_keys
+from opdgrpo.run_shape import method_settings
 
 if TYPE_CHECKING:
     from opdgrpo.plan.planner import Planner
@@ -209,7 +210,7 @@ class S6(Study[S6Entry]):
         where = f" (i={level:g}, tf={frac:g})"
         domains, external, base = list(s["domains"]), list(s["external_domains"]), f"base:{student}"
         mix, train = "+".join(domains), {"mix": s.get("mix")}
-        steps = planner.cfg["methods"]["grpo"].get("domain_steps") or {}
+        steps = method_settings(planner.cfg["methods"]["grpo"])["domain_steps"]
         experts = [planner.add_run(f"{prefix}grpo-{d}-s{seed}", self.name, "grpo", [d], seed, base,
                                method_overrides={"steps": steps.get(d)}, label=f"GRPO {d} expert{where}")
                    for d in domains]
