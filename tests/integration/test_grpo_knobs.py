@@ -19,6 +19,7 @@ from opdgrpo.train.loop import train
 from opdgrpo.train.losses import token_logprobs
 from opdgrpo.train.models import autocast, load_model
 from opdgrpo.train.objectives import GRPOObjective, position_ids
+from opdgrpo.train.precision import resolve as resolve_precision
 
 RUN = "grpo-student-math-s0"
 
@@ -129,7 +130,7 @@ def test_beta_loads_the_reference_and_counts_its_forward(smoke_world, tmp_path, 
     last = calls[-1]
     initial = FrozenForward(load_model(cfg["student"]["path"], trainable=False).eval())
     keep = last["targets"].shape[1] + 1
-    with torch.no_grad(), autocast(cfg["train"]["precision"]):
+    with torch.no_grad(), autocast(resolve_precision(cfg["train"]["precision"])):   # as the run resolved it
         logits = initial(last["sequences"], last["attention_mask"], position_ids(last["attention_mask"]), keep)[:, :-1]
     assert torch.equal(token_logprobs(logits, last["targets"]), last["ref"])
 
