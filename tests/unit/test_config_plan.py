@@ -211,13 +211,17 @@ def test_every_train_key_with_a_schema_default_takes_a_plain_override(profile):
 
     defaults = schema.with_defaults({}, "train")
     assert {"precision", "engine", "distributed", "logit_chunk_tokens", "report_to"} <= set(defaults)
+    own = schema.with_defaults(compose([f"profile={profile}"])["train"], "train")
+    wanted = {}
     for key, value in defaults.items():
         if isinstance(value, (dict, list)) or value is None:
             continue   # free-form mappings and lists: set through their entries
-        text = str(_sample(value)).lower() if isinstance(value, bool) else str(_sample(value))
         if key in ("distributed", "engine"):   # another one asks for settings of its own: the profile's own, plainly
-            text = str(schema.with_defaults(compose([f"profile={profile}"])["train"], "train")[key])
-        cfg = compose([f"profile={profile}", f"train.{key}={text}"])
+            wanted[key] = str(own[key])
+            continue
+        wanted[key] = str(_sample(value)).lower() if isinstance(value, bool) else str(_sample(value))
+    cfg = compose([f"profile={profile}", *(f"train.{key}={text}" for key, text in wanted.items())])   # one compose
+    for key, text in wanted.items():
         assert str(cfg["train"][key]).lower().strip("[]'") == text.lower().strip("[]'"), key
     cfg = compose([f"profile={profile}", "train.engine=vllm", "train.vllm.gpu_memory_utilization=0.5"])   # an entry of a free-form mapping
     assert cfg["train"]["vllm"]["gpu_memory_utilization"] == 0.5
