@@ -16,8 +16,6 @@ from typing import Any, Mapping
 
 from opdgrpo import schema
 
-#: ``train.distributed`` when unset: how several processes share the student (one process needs no strategy).
-DEFAULT_DISTRIBUTED = schema.default("train", "distributed")
 #: ``train.logit_chunk_tokens`` when unset: response positions whose full-vocabulary logits exist at once.
 DEFAULT_CHUNK_TOKENS = schema.default("train", "logit_chunk_tokens")
 

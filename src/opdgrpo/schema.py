@@ -187,10 +187,7 @@ def _subschema(schema: dict[str, Any], prop: str) -> dict[str, Any]:
 
 def known_keys(name: str, *path: str) -> tuple[str, ...]:
     """The keys the mapping at ``path`` in schema ``name`` (or a reference, as for :func:`allowed`) may have."""
-    node = _registry().resolver().lookup(name).contents if "#" in name else load(name)
-    for part in path:
-        node = _subschema(node, part)
-    return tuple(sorted(_known_properties(node)))
+    return tuple(sorted(_known_properties(_node(name, path))))
 
 
 def _node(name: str, path: Iterable[str]) -> dict[str, Any]:
@@ -277,10 +274,7 @@ def declared_keys(dotted: str = "") -> tuple[str, ...]:
 def allowed(name: str, *path: str) -> tuple[Any, ...]:
     """The ``enum`` of the key at ``path`` in schema ``name`` (following ``$ref``), e.g. ``allowed("train", "mix")``;
     ``name`` may also be a reference into a schema, e.g. ``"method.schema.yaml#/$defs/common"``."""
-    node = _registry().resolver().lookup(name).contents if "#" in name else load(name)
-    for part in path:
-        node = _subschema(node, part)
-    for s in _resolved(node):
+    for s in _resolved(_node(name, path)):
         if "enum" in s:
             return tuple(s["enum"])
     raise KeyError(f"schema {name}: no enum at {'.'.join(path)}")
