@@ -73,6 +73,47 @@ def checkpoint_step(run_dir: Path) -> int:
     return 0
 
 
+def _process_name(pid: int) -> str | None:
+    """A short name of process ``pid``: a Python process by the module it runs (``-m torch.distributed.run``) or its
+    script's file name, any other by its command name; None once the process is gone or /proc is missing."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+    args = [a.decode(errors="replace") for a in argv if a]
+    if args and Path(args[0]).name.startswith("python"):
+        if "-m" in args[1:-1]:
+            return args[args.index("-m") + 1]
+        if "-c" in args[1:]:
+            return "python -c"
+        return Path(args[1]).name if len(args) > 1 else comm
+    return comm
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def launched_by(depth: int = 6) -> list[str]:
+    """The processes above this one, nearest first, up to ``slurmstepd`` (a SLURM job step) or ``depth`` of them:
+    which process a signal to the job step reaches and which one waits for this (docs/paper-profile.md, "Stopping
+    before the time limit"); the rules ``exec`` the launcher, so no shell stands between it and Snakemake."""
+    names, pid = [], os.getppid()
+    while pid > 1 and len(names) < depth:
+        name = _process_name(pid)
+        if name is None:
+            break
+        names.append(name)
+        if name == "slurmstepd":
+            break
+        pid = _parent(pid)
+    return names
+
+
 def begin(run_dir: Path, attempt: int) -> int:
     """Check that attempt ``attempt`` may train (raises NotRetried), record it and return its starting step."""
     step = checkpoint_step(run_dir)
@@ -105,14 +146,17 @@ def begin(run_dir: Path, attempt: int) -> int:
                       f"from step {r['step']}, {after.get('end', 'killed')} at checkpoint step {after.get('step', step)}",
                       file=sys.stderr, flush=True)
     _append(run_dir, {"attempt": attempt, "begin": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": step,
-                      "slurm_job": os.environ.get("SLURM_JOB_ID")})
+                      "slurm_job": os.environ.get("SLURM_JOB_ID"), "launched_by": launched_by()})
     print(f"== attempt {attempt} (SLURM job {os.environ.get('SLURM_JOB_ID', '-')}): "
           f"{'resuming at step ' + str(step) if step else 'starting'}", file=sys.stderr, flush=True)
     return step
 
 
-def end(run_dir: Path, attempt: int, how: str, error: str | None = None) -> None:
-    """Record how attempt ``attempt`` ended: ``done``, ``interrupted``, ``nonfinite``, ``refused`` or ``crashed``."""
+def end(run_dir: Path, attempt: int, how: str, error: str | None = None, why: str | None = None) -> None:
+    """Record how attempt ``attempt`` ended: ``done``, ``interrupted`` (``why``: the signal, or the SLURM allocation's
+    end, :mod:`opdgrpo.train.time_limit`), ``nonfinite``, ``refused`` or ``crashed``; ``at``: when (seconds since the
+    epoch), after the checkpoint it names was saved."""
     step = checkpoint_step(run_dir)
-    _append(run_dir, {"attempt": attempt, "end": how, "step": step, **({"error": error[-500:]} if error else {})})
+    _append(run_dir, {"attempt": attempt, "end": how, "step": step, "at": round(time.time(), 3),
+                      **({"why": why} if why else {}), **({"error": error[-500:]} if error else {})})
     print(f"== attempt {attempt}: {how} at checkpoint step {step}", file=sys.stderr, flush=True)

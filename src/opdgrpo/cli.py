@@ -145,9 +145,9 @@ def cmd_train(args) -> int:
             print(f"error: {err}", file=sys.stderr)
             return attempts.NOT_RETRIED
 
-    def ended(how: str, error: str | None = None) -> None:
+    def ended(how: str, error: str | None = None, why: str | None = None) -> None:
         if main_process:
-            attempts.end(args.out, args.attempt, how, error)
+            attempts.end(args.out, args.attempt, how, error, why)
 
     try:
         cfg = _job_config(args)
@@ -156,7 +156,7 @@ def cmd_train(args) -> int:
         summary = train(cfg, args.out, collective_timeout_s=args.collective_timeout)
     except Interrupted as err:
         print(err, file=sys.stderr)
-        ended("interrupted")
+        ended("interrupted", why=err.why)
         return attempts.INTERRUPTED
     except NonFinite as err:   # a NaN/inf step: the message names the run, step and component
         print(f"error: {err}", file=sys.stderr)

@@ -70,6 +70,9 @@ def test_smoke_dag_writes_every_contracted_file(smoke_dag):
         assert yaml.safe_load((run_dir / "config.yaml").read_text()) == job.config
         ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
         assert [r["step"] for r in ledger] == list(range(job.config["method"]["steps"]))
+        # the rule's shell exec'd the trainer: Snakemake waits on it directly, no shell between them to die first
+        begins = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines() if "begin" in line]
+        assert begins[-1]["launched_by"][0] == "snakemake", begins
         assert ledger[-1]["cumulative_flops"] == json.loads((run_dir / "done.json").read_text())["cumulative_flops"]
     report = root / "report"
     for name in ("curves.csv", "savings.csv", "savings.md", "claims.md", "claims_detail.md", "base_models.md", "constraints.md",

@@ -1,10 +1,11 @@
 """A slice of the paper DAG's rehearsal and smoke runs on a real one-node SLURM cluster (munge, slurmctld, slurmd on
 127.0.0.1) through the SLURM profile (workflow/profiles/slurm, snakemake-executor-plugin-slurm): the rehearsal's S4
 multi-teacher distillation, on 2 processes started by torchrun inside its allocation with a vLLM engine per process,
-and the report, against the session's local rehearsal (``rehearsal_dag``, tests/e2e/conftest.py); a smoke
-run with a 1-minute time limit, each attempt of which but the last is stopped by the profile's warning SIGTERM
-(`--signal=TERM@<s>`, what a time limit or a preemption sends), checkpoints, exits 130 and is resubmitted by
-Snakemake until it completes, every step once, its ledger equal to an uninterrupted run's (a resume by a second
+and the report, against the session's local rehearsal (``rehearsal_dag``, tests/e2e/conftest.py); a 2-process
+smoke run with a 2-minute time limit on a proctrack/cgroup cluster (where SLURM's warning reaches only the job step's
+Snakemake), each attempt of which but the last stops itself before its limit (opdgrpo.train.time_limit), saves a
+checkpoint that takes 12 s, exits 130 and is resubmitted by Snakemake until it completes, every step once, its
+ledger equal to an uninterrupted run's (a resume by a second
 `snakemake` call after a stop is the same checkpoint path: tests/integration/test_train.py, test_distributed.py,
 test_fsdp.py, and the rehearsal's killed run); and a retry after a real error (a NaN stop) that refuses to train.
 
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 import pandas as pd
 import pytest
@@ -33,6 +35,7 @@ from opdgrpo.train.step_stats import TIMING_KEYS
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ["munge", "slurmctld", "slurmd", "slurm-client"]
 SLURM_CONF = Path("/etc/slurm/slurm.conf")  # the plugin's job step drops SLURM_CONF (every SLURM_* variable)
+CGROUP_CONF = SLURM_CONF.parent / "cgroup.conf"
 FIRST_POLL_S = 5                             # --slurm-init-seconds-before-status-checks
 # The plugin lengthens its wait between status checks by 10 s after each check that finds no job finished (5, 15,
 # 25, ... s, up to 180 s: a job that ends at 50 s is seen at 80 s), which on a real cluster spares the controller.
@@ -67,13 +70,16 @@ def _real_memory_mb() -> int:
     raise RuntimeError("no MemTotal in /proc/meminfo")
 
 
-def _slurm_conf(host: str, state: Path) -> str:
+def _slurm_conf(host: str, state: Path, proctrack: str) -> str:
+    """A one-node cluster. ``proctrack``: ``cgroup``, as SchedMD recommends and most GPU clusters run (a signal to a
+    job step reaches only its tasks, the direct children of slurmstepd; the step's end SIGKILLs every process in its
+    cgroup), else ``linuxproc`` (signals reach every descendant) where this machine's cgroups cannot host it."""
     return "\n".join([
         "ClusterName=opdgrpo-test",
         f"SlurmctldHost={host}(127.0.0.1)",
         "SlurmUser=root",
         "AuthType=auth/munge",
-        "ProctrackType=proctrack/linuxproc",
+        f"ProctrackType=proctrack/{proctrack}",
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core_Memory",
@@ -81,9 +87,9 @@ def _slurm_conf(host: str, state: Path) -> str:
         "AccountingStorageType=accounting_storage/none",
         "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/none",
-        f"MinJobAge={max(300, 3 * FIRST_POLL_S)}",   # finished jobs stay visible to squeue polling
+        "MinJobAge=3600",   # finished jobs stay visible to squeue polling and to `scontrol show job` (no slurmdbd)
         "ReturnToService=2",
-        "KillWait=60",
+        "KillWait=30",      # SLURM's default: SIGKILL 30 s after the time limit's SIGTERM
         "SlurmctldPort=6817",
         "SlurmdPort=6818",
         f"StateSaveLocation={state}/ctld",
@@ -124,9 +130,10 @@ def slurm_cluster(tmp_path_factory):
     for sub in ("ctld", "d"):
         (state / sub).mkdir()
     host = socket.gethostname().split(".")[0]
-    wrote_conf = not SLURM_CONF.exists()
+    wrote_conf, wrote_cgroup_conf = not SLURM_CONF.exists(), not CGROUP_CONF.exists()
     SLURM_CONF.parent.mkdir(parents=True, exist_ok=True)
-    SLURM_CONF.write_text(_slurm_conf(host, state))
+    if wrote_cgroup_conf:   # proctrack/cgroup only (TaskPlugin stays task/none): no CPU or memory constraints
+        CGROUP_CONF.write_text("# opdgrpo-test\nCgroupPlugin=autodetect\nCgroupMountpoint=/sys/fs/cgroup\n")
     run_munge = Path("/run/munge")
     run_munge.mkdir(parents=True, exist_ok=True)
     shutil.chown(run_munge, "munge", "munge")
@@ -140,38 +147,56 @@ def slurm_cluster(tmp_path_factory):
         procs["munged"] = subprocess.Popen(["munged", "-F"], user="munge", group="munge", extra_groups=[],
                                            stdout=logs["munged"], stderr=subprocess.STDOUT)
         time.sleep(1)
-        procs["slurmctld"] = subprocess.Popen(["slurmctld", "-D", "-i"], stdout=logs["slurmctld"], stderr=subprocess.STDOUT)
-        time.sleep(1)
-        procs["slurmd"] = subprocess.Popen(["slurmd", "-D", "-N", host], stdout=logs["slurmd"], stderr=subprocess.STDOUT)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            info = _sh("sinfo", "-h", "-o", "%T", check=False)
-            if info.returncode == 0 and info.stdout.strip().startswith("idle"):
-                break
-            for name, p in procs.items():
-                assert p.poll() is None, f"{name} exited {p.returncode}: {(state / f'{name}.out').read_text()[-2000:]}"
-            time.sleep(1)
-        else:
-            raise AssertionError(f"node never became idle: {_sh('sinfo', check=False).stdout}\n"
-                                 f"{(state / 'slurmd.log').read_text()[-2000:] if (state / 'slurmd.log').exists() else ''}")
-        yield {"host": host, "state": state}
+        proctrack = "cgroup"
+        if not _cluster_up(procs, logs, host, state, proctrack):   # this machine's cgroups cannot host it
+            _stop(procs, ("slurmd", "slurmctld"))
+            proctrack = "linuxproc"
+            print("WARNING: proctrack/cgroup did not start here; the SLURM tests run under proctrack/linuxproc, where "
+                  "a job step's signal reaches every process (not what most GPU clusters run)")
+            assert _cluster_up(procs, logs, host, state, proctrack), (state / "slurmd.out").read_text()[-2000:]
+        yield {"host": host, "state": state, "proctrack": proctrack}
     finally:
         _sh("scancel", "--partition", PARTITION, check=False)
-        for name in ("slurmd", "slurmctld", "munged"):   # exactly the daemons started here, by PID
-            p = procs.get(name)
-            if p and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(timeout=10)
+        _stop(procs, ("slurmd", "slurmctld", "munged"))   # exactly the daemons started here, by PID
         for f in logs.values():
             f.close()
         if wrote_conf:
             SLURM_CONF.unlink(missing_ok=True)
+        if wrote_cgroup_conf:
+            CGROUP_CONF.unlink(missing_ok=True)
         left = [name for name in ("munged", "slurmctld", "slurmd") if _sh("pgrep", "-x", name, check=False).returncode == 0]
         assert not left, f"daemons still running after teardown: {left}"
+
+
+def _cluster_up(procs: dict, logs: dict, host: str, state: Path, proctrack: str) -> bool:
+    """Write slurm.conf with ``proctrack``, start slurmctld and slurmd, and wait for the node to be idle (False if
+    slurmd gives up: proctrack/cgroup needs a cgroup hierarchy it can create a job's groups in)."""
+    SLURM_CONF.write_text(_slurm_conf(host, state, proctrack))
+    procs["slurmctld"] = subprocess.Popen(["slurmctld", "-D", "-i"], stdout=logs["slurmctld"], stderr=subprocess.STDOUT)
+    time.sleep(1)
+    procs["slurmd"] = subprocess.Popen(["slurmd", "-D", "-N", host], stdout=logs["slurmd"], stderr=subprocess.STDOUT)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        info = _sh("sinfo", "-h", "-o", "%T", check=False)
+        if info.returncode == 0 and info.stdout.strip().startswith("idle"):
+            return True
+        if procs["slurmd"].poll() is not None:
+            return False
+        assert procs["slurmctld"].poll() is None, (state / "slurmctld.out").read_text()[-2000:]
+        time.sleep(1)
+    return False
+
+
+def _stop(procs: dict, names: Sequence[str]) -> None:
+    for name in names:
+        p = procs.get(name)
+        if p and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
 
 
 def slurm_snakemake(workdir: Path, *args: str, timeout_s: int = 600) -> list[str]:
@@ -269,23 +294,35 @@ def test_a_job_with_two_processes_runs_them_inside_its_allocation(slurm_and_loca
         assert [r["step"] for r in _ledger(run_dir)] == list(range(summary["steps"]))
 
 
-# A run longer than its allocation: 1-minute time limit, the warning SIGTERM 5 s before it (the rule's
-# `--signal=TERM@<lead>` from the plan: `resources.train.signal_lead_s`); slurmctld checks time limits about every
-# 30 s and sends the warning once `now + 30 s + 5 s` passes the limit, so it arrives 20 to 55 s into the job, of
-# which the job's own Snakemake and the trainer's start take 10 to 20 s. The run has 2 processes under torchrun, as
-# a GPU node's runs do: SLURM signals torchrun and its workers, torchrun waits the lead (`--shutdown-timeout`) for
-# them, and they finish the step, checkpoint and exit 130; Snakemake resubmits the job (the profile's
-# preemptible-retries) until the run completes. Steps last at least PACE_S (OPDGRPO_FAULT=pace: a sleep, numbers
-# unchanged), so the run needs 52 s of steps, more than one allocation gives, on any machine: 2 to 4 attempts of up
-# to about 60 s each (Snakemake sees an attempt's end within POLL_S, then resubmits).
+# A run longer than its allocation, stopped the way a GPU cluster stops it: a 2-minute time limit, SLURM's warning
+# (`--signal=URG@40`, the rule's lead) and proctrack/cgroup, under which that warning reaches only the job step's
+# task, the inner Snakemake (which ignores it), never torchrun or its workers. The trainer stops itself:
+# it reads its job's end time from SLURM and, once the next step and a checkpoint save (plus a 30-s margin) no longer
+# fit, saves and exits 130 (opdgrpo.train.time_limit); every save lasts at least SAVE_S (OPDGRPO_FAULT=checkpoint_s,
+# as a large model's write and hash on a shared filesystem would), and the job must end, save complete, before its
+# time limit. Snakemake resubmits it (the profile's preemptible-retries) until the run completes. Steps last at least
+# PACE_S (OPDGRPO_FAULT=pace: a sleep, numbers unchanged), so the run needs 112 s of steps: more than one allocation
+# on any machine (2 attempts, about 3 minutes in all), and a trainer that does not stop itself (the rules of
+# 1fe98d4) runs past its time limit, since no warning reaches it. 2 processes under torchrun, as a GPU node's runs.
 LIMITED_RUN = "grpo-student-math-s0"
-LIMITED_STEPS, PACE_S = 130, 0.4
-LIMIT_MIN, WARNING_S, PROCESSES = 1, 5, 2
+LIMITED_STEPS, PACE_S, SAVE_S = 280, 0.4, 12
+LIMIT_MIN, WARNING_S, PROCESSES = 2, 40, 2
+
+
+def _job_times(job: str) -> dict[str, float]:
+    """StartTime, EndTime (seconds since the epoch) and TimeLimit (seconds) of a finished SLURM job, from slurmctld's
+    record (MinJobAge keeps it; there is no slurmdbd here)."""
+    shown = _sh("scontrol", "show", "job", "-o", job).stdout
+    fields = dict(f.split("=", 1) for f in shown.split() if "=" in f)
+    h, m, sec = (int(x) for x in fields["TimeLimit"].split(":"))
+    return {"start": time.mktime(time.strptime(fields["StartTime"], "%Y-%m-%dT%H:%M:%S")),
+            "end": time.mktime(time.strptime(fields["EndTime"], "%Y-%m-%dT%H:%M:%S")),
+            "limit": 3600.0 * h + 60.0 * m + sec, "state": fields["JobState"]}
 
 
 @pytest.fixture(scope="module")
 def time_limited_run(slurm_cluster, smoke_dag, tmp_path_factory):
-    """The run through SLURM with a 1-minute limit, and the same job config uninterrupted, by hand, next to it."""
+    """The run through SLURM with a 2-minute limit, and the same job config uninterrupted, by hand, next to it."""
     from opdgrpo.config import compose
     from opdgrpo.plan.build import build_plan
 
@@ -293,9 +330,10 @@ def time_limited_run(slurm_cluster, smoke_dag, tmp_path_factory):
     # fp32: the test is about resume bookkeeping, compared bit for bit with an uninterrupted run. Once, in a full
     # suite on a loaded Xeon with AMX, the SLURM run's bf16 backward differed from the reference's from step 2 (grad
     # norm 0.3954 against 0.3958, the loss equal) while the test alone matched; float32 keeps AMX's bf16 kernels out.
+    # Checkpoints only at stops and at the end (each save lasts SAVE_S); an evaluation every 40 steps.
     overrides = [f"methods.grpo.steps={LIMITED_STEPS}", f"resources.train.runtime={LIMIT_MIN}",
                  f"++resources.train.signal_lead_s={WARNING_S}", f"++resources.train.processes={PROCESSES}",
-                 "train.precision=fp32"]
+                 "train.precision=fp32", f"train.checkpoint_every={10 * LIMITED_STEPS}", "train.eval_every=40"]
     args = (f"results/smoke/runs/{LIMITED_RUN}/done.json", "--config", "profile=smoke", f"overrides=[{','.join(overrides)}]")
     t0 = time.time()
     for rel in UPSTREAM:   # tokenizer and student, built locally (copytree keeps mtimes: Snakemake sees them current)
@@ -308,8 +346,8 @@ def time_limited_run(slurm_cluster, smoke_dag, tmp_path_factory):
     reference = subprocess.Popen([*torchrun, "train", "--out", "reference", "--config-json", json.dumps(cfg, sort_keys=True)],
                                  cwd=workdir, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    done = subprocess.run(slurm_snakemake(workdir, *args), capture_output=True, text=True,
-                          timeout=700, env={**os.environ, "OPDGRPO_FAULT": f"pace:{PACE_S}"})   # sbatch --export=ALL
+    done = subprocess.run(slurm_snakemake(workdir, *args), capture_output=True, text=True, timeout=700,
+                          env={**os.environ, "OPDGRPO_FAULT": f"pace:{PACE_S},checkpoint_s:{SAVE_S}"})   # sbatch --export=ALL
     ref_out, _ = reference.communicate(timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     assert reference.returncode == 0, ref_out[-3000:]
@@ -319,7 +357,7 @@ def time_limited_run(slurm_cluster, smoke_dag, tmp_path_factory):
     return workdir, done.stdout + done.stderr
 
 
-def test_a_run_longer_than_its_time_limit_finishes_over_several_allocations(time_limited_run):
+def test_a_run_longer_than_its_time_limit_stops_itself_saves_and_resumes(time_limited_run, slurm_cluster):
     from opdgrpo.attempts import records
 
     workdir, out = time_limited_run
@@ -331,16 +369,20 @@ def test_a_run_longer_than_its_time_limit_finishes_over_several_allocations(time
     assert len(begins) >= 2, seen                                              # cut at least once
     assert [r["attempt"] for r in begins] == list(range(1, len(begins) + 1))   # Snakemake's attempts 1, 2, ...
     assert len({r["slurm_job"] for r in begins}) == len(begins)                # each its own allocation
+    for begin in begins:   # no attempt ran past its limit (a trainer that never stops does, until killed)
+        job = _job_times(begin["slurm_job"])
+        assert job["end"] - job["start"] <= job["limit"], (begin, job)
+    # Every attempt but the last stopped on its own before its allocation ended, its save complete: under
+    # proctrack/cgroup the warning never reached it, so the reason is the time limit it read from SLURM
+    assert [r["end"] for r in ends] == ["interrupted"] * (len(begins) - 1) + ["done"], seen
+    reason = "SLURM job" if slurm_cluster["proctrack"] == "cgroup" else ("SLURM job", "signal 15")
+    for begin, end in zip(begins, ends[:-1]):
+        assert end["why"].startswith(reason), end
+        assert int(end["at"]) <= _job_times(begin["slurm_job"])["end"], end    # the job ended after the save
+    # Who SLURM's signals reach: the trainer's launcher is torchrun, whose parent is the step's task, the inner
+    # Snakemake (the rules exec the launcher: no shell between them), whose parent is slurmstepd
+    assert all(r["launched_by"] == ["torch.distributed.run", "snakemake", "slurmstepd"] for r in begins), begins
     starts = [r["step"] for r in begins]
-    # The limit can also land after an attempt trained its last step and recorded `done` but before its job exited
-    # (CI saw it: attempt 2 done at step 130, killed on its way out): the next attempt resumes at the final checkpoint,
-    # trains nothing and writes what was lost (opdgrpo.attempts.begin). Every other attempt but the last is cut.
-    cut_on_exit = len(ends) >= 2 and ends[-2]["end"] == "done"
-    expected = ["interrupted"] * (len(begins) - 1) + ["done"]
-    if cut_on_exit:
-        expected[-2] = "done"
-        assert ends[-2]["step"] == starts[-1] == LIMITED_STEPS, seen
-    assert [r["end"] for r in ends] == expected, seen
     assert starts[0] == 0 and all(a < b for a, b in zip(starts, starts[1:]))   # every attempt made progress
     assert [r["step"] for r in ends[:-1]] == starts[1:]                        # each resumed where the last stopped
     # Snakemake deletes the job log before each attempt; the last one's log starts with every earlier attempt
@@ -348,11 +390,11 @@ def test_a_run_longer_than_its_time_limit_finishes_over_several_allocations(time
     for r, e in zip(begins[:-1], ends):
         assert (f"== attempt {r['attempt']} (SLURM job {r['slurm_job']}, began {r['begin']}): from step {r['step']}, "
                 f"{e['end']} at checkpoint step {e['step']}") in log, log[:3000]
-    if cut_on_exit:
-        assert f"trained to the end (checkpoint step {LIMITED_STEPS}) but its job did not exit cleanly" in log, log[:3000]
     last = begins[-1]
     assert f"== attempt {last['attempt']} (SLURM job {last['slurm_job']}): resuming at step {last['step']}" in log
     assert f"resuming {LIMITED_RUN} at step {last['step']}" in log
+    saved = re.search(rf"checkpoint run={LIMITED_RUN} step={LIMITED_STEPS} seconds=([0-9.]+)", log)
+    assert saved and float(saved.group(1)) >= SAVE_S, log[-3000:]             # a save takes SAVE_S
     assert f"== attempt {last['attempt']}: done at checkpoint step {LIMITED_STEPS}" in log
     assert "Error in rule grpo" in out and "== attempt 1 (SLURM job" in out, out[-3000:]   # shown as a failed job log
 

@@ -65,6 +65,11 @@ def test_snakemake_dry_run_lists_the_paper_dag_with_resources(paper_dry_run):
     assert int(counts["opd"]) > 10 and int(counts["grpo"]) > 10 and int(counts["pretrain"]) == 9, counts
     assert int(counts["tokenizer"]) == 1 and int(counts["model_tokenizer"]) == 1, counts
     assert re.search(r"gpu=8", text) and re.search(r"runtime=2880", text)   # training jobs: one 8-GPU node
+    # SLURM's warning, a backstop to the trainer's own stop (SIGURG: ignored by Snakemake and torchrun), goes to the
+    # training jobs only: every grpo and opd job names one, no base job does (it does not resume)
+    for rule, warned in (("grpo", True), ("opd", True), ("pretrain", False)):
+        blocks = re.findall(rf"^(?:local)?rule {rule}:\n(.*?)(?=^\S|\Z)", text, flags=re.M | re.S)
+        assert blocks and all(bool(re.search(r"slurm_extra=--signal=URG@\d+", b)) == warned for b in blocks), rule
 
 
 def test_snakemake_refuses_a_paper_job_that_would_not_fit_its_gpus(runs):

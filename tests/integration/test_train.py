@@ -183,9 +183,11 @@ def test_a_signal_during_an_evaluation_stops_before_the_next_step(smoke_world, t
     assert evaluation_count(cfg) == len({e["step"] for e in read_jsonl(run_dir / "evals.jsonl")}) == 4
 
 
-def test_a_signal_while_the_models_load_stops_after_one_checkpointed_step(smoke_world, tmp_path, monkeypatch):
-    """SLURM's warning can arrive before the first step (a paper-scale model loads for minutes): it is noted, not
-    fatal; the run trains one step, checkpoints and stops, so its next attempt resumes past it."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGURG])
+def test_a_signal_while_the_models_load_stops_after_one_checkpointed_step(smoke_world, tmp_path, monkeypatch, signum):
+    """A stop signal can arrive before the first step (a paper-scale model loads for minutes): a SIGTERM, or SLURM's
+    warning to a training job (SIGURG, which the rules ask for); it is noted, not fatal; the run trains one step,
+    checkpoints and stops, so its next attempt resumes past it."""
     import torch
 
     from opdgrpo.train import loop as train_mod
@@ -197,7 +199,7 @@ def test_a_signal_while_the_models_load_stops_after_one_checkpointed_step(smoke_
     real_setup = train_mod._setup
 
     def setup_with_a_signal(*args):
-        os.kill(os.getpid(), signal.SIGTERM)   # arrives while the run is being set up
+        os.kill(os.getpid(), signum)   # arrives while the run is being set up
         return real_setup(*args)
 
     monkeypatch.setattr(train_mod, "_setup", setup_with_a_signal)
@@ -206,6 +208,41 @@ def test_a_signal_while_the_models_load_stops_after_one_checkpointed_step(smoke_
         train(cfg, run_dir)
     assert [r["step"] for r in read_jsonl(run_dir / "ledger.jsonl")] == [0]
     assert torch.load(run_dir / "checkpoint" / "trainer_state.pt", weights_only=False)["step"] == 1
+
+
+def test_under_slurm_a_run_stops_itself_before_its_allocation_ends(smoke_world, tmp_path, monkeypatch):
+    """SLURM's warning may never reach the trainer (under proctrack/cgroup it goes to the job step's task, the inner
+    Snakemake, only): the run reads its job's end time (from `squeue`, a stand-in here) and stops, checkpointed,
+    once the next step and a save no longer fit before it with the margin; the rerun outside SLURM then ends as an
+    uninterrupted run does."""
+    from opdgrpo.train.loop import Interrupted
+    from opdgrpo.train.time_limit import EXIT_MARGIN_S
+
+    _, plan = smoke_world
+    cfg = _config(plan, "grpo-student-math-s0", tmp_path, steps=20)
+    cfg["train"] = dict(cfg["train"], checkpoint_every=1000, eval_every=1000)
+    train(copy.deepcopy(cfg), tmp_path / "whole")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    end = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + EXIT_MARGIN_S + 5))
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\necho {end}\n")
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("OPDGRPO_FAULT", "pace:1")   # steps of at least a second: the end comes after a few
+    run_dir = tmp_path / "limited"
+    with pytest.raises(Interrupted, match="SLURM job 77 ends in") as stopped:
+        train(copy.deepcopy(cfg), run_dir)
+    assert stopped.value.why.startswith("SLURM job 77 ends in")
+    done = len(read_jsonl(run_dir / "ledger.jsonl"))
+    assert 1 <= done < 20
+    assert torch.load(run_dir / "checkpoint" / "trainer_state.pt", weights_only=False)["step"] == done
+    for name in ("SLURM_JOB_ID", "OPDGRPO_FAULT"):
+        monkeypatch.delenv(name)
+    train(copy.deepcopy(cfg), run_dir)
+    got, want = (read_jsonl(d / "ledger.jsonl") for d in (run_dir, tmp_path / "whole"))
+    assert [(r["step"], r["reward"], r["loss"], r["cumulative_flops"]) for r in got] == \
+        [(r["step"], r["reward"], r["loss"], r["cumulative_flops"]) for r in want]
 
 
 def test_changed_config_starts_over(smoke_world, tmp_path):

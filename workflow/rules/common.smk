@@ -7,6 +7,7 @@ import sys
 from opdgrpo import job_identity
 from opdgrpo.cost.schedule import priorities as _priorities
 from opdgrpo.cost.site import site_settings_problems
+from opdgrpo.train.time_limit import WARNING_SIGNAL
 from snakemake.exceptions import WorkflowError
 
 
@@ -67,12 +68,33 @@ PRIORITY = _priorities(CFG, PLAN)
 # since last execution"), so a rule's shell text names the interpreter and the launchers by these variables, which
 # Snakemake fills in when it runs the job, and never spells their values: a second checkout of the same repository, a
 # venv at another path, `python` for `python3` or a new `opdgrpo_cmd` leaves finished jobs finished.
-# PYTHON: the interpreter that runs Snakemake (so jobs run without an activated venv).
-PYTHON = shlex.quote(sys.executable)
+#
+# Each of them begins with `exec`: the shell Snakemake runs a rule's command in becomes the launcher (torchrun, or the
+# CLI itself), so nothing stands between Snakemake and the launcher. Where a stop signal reaches every process of a
+# job (SLURM's proctrack/linuxproc or pgid, a Ctrl-C, a `kill` of the job's process group) a shell in between would
+# die at once (bash exits on SIGTERM; it does not exec the last command of a `set -euo pipefail; ...` string),
+# Snakemake would see the job fail and exit, and the end of the job step would kill the launcher and its workers in
+# the middle of their checkpoint save. Under proctrack/cgroup the signal reaches Snakemake alone and the trainer stops
+# itself before the time limit (opdgrpo.train.time_limit; docs/paper-profile.md, "Stopping before the time limit").
+_INTERPRETER = shlex.quote(sys.executable)   # the interpreter that runs Snakemake (jobs run without an activated venv)
+PYTHON = f"exec {_INTERPRETER}"
+
+
+def _one_command(key, default):
+    """`--config <key>=...`: one command, which the rule's shell `exec`s; a list of commands (`;`, `&&`, a pipe)
+    would exec its first part only, so it is refused here, naming the key."""
+    value = str(config.get(key, default) or "")
+    lexer = shlex.shlex(value, posix=True, punctuation_chars=True)
+    if any(token and set(token) <= set(";&|") for token in lexer) or "\n" in value:
+        raise WorkflowError(f"--config {key}={value!r}: give one command (it is exec'd in the rule's shell); put "
+                            "set-up such as `source env.sh && ...` into a script of its own, or use `env VAR=...`")
+    return f"exec {value}" if value else None
+
+
 # The package's CLI; `--config opdgrpo_cmd=...` replaces it, e.g. for a cluster with its own environment.
-OPDGRPO = config.get("opdgrpo_cmd", f"{PYTHON} -m opdgrpo.cli")
+OPDGRPO = _one_command("opdgrpo_cmd", f"{_INTERPRETER} -m opdgrpo.cli")
 # A multi-process job's launcher when `--config launch_cmd=...` replaces torchrun.
-LAUNCH_CMD = config.get("launch_cmd")
+LAUNCH_CMD = _one_command("launch_cmd", None)
 
 
 # Keys of a `resources.<kind>` block the planner and the rules read, not resources SLURM is asked for.
@@ -110,13 +132,22 @@ STOP = stop_settings(CFG, PLAN, ESTIMATES)
 
 
 def stop_resources(job_of):
-    """`signal_lead_s`, `collective_timeout_s` and `slurm_extra` (`--signal=TERM@<lead>`, then the user's own
-    `--config slurm_extra=...`) of the job a rule's wildcards name (`job_of(wildcards)`)."""
+    """`signal_lead_s`, `collective_timeout_s` and `slurm_extra` (a training job's warning, `--signal=URG@<lead>`,
+    then the user's own `--config slurm_extra=...`) of the job a rule's wildcards name (`job_of(wildcards)`). The
+    trainer stops itself before its time limit (opdgrpo.train.time_limit); the warning is its backstop, and SIGURG
+    is one that the processes which do not handle it ignore (the step's Snakemake fails a job that then finishes
+    well once it has had a SIGTERM). Jobs that do not resume get no warning: it could only end them."""
     extra = config.get("slurm_extra", "")
+
+    def slurm_extra(w):
+        job = job_of(w)
+        warning = f"--signal={WARNING_SIGNAL}@{STOP[job].signal_lead_s}" if PLAN.jobs[job].kind == "train" else ""
+        return f"{warning} {extra}".strip()
+
     return dict(
         signal_lead_s=lambda w: STOP[job_of(w)].signal_lead_s,
         collective_timeout_s=lambda w: STOP[job_of(w)].collective_timeout_s,
-        slurm_extra=lambda w: f"--signal=TERM@{STOP[job_of(w)].signal_lead_s} {extra}".strip(),
+        slurm_extra=slurm_extra,
     )
 
 

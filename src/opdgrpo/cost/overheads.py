@@ -24,10 +24,10 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-#: Seconds per GB of a checkpoint: written at 1 GB/s and read back at 1 GB/s for its sha256 manifest (ours).
-CHECKPOINT_S_PER_GB = 2.0
-#: Bytes of a checkpoint per student parameter: the fp32 weights (the gathered master state) and Adam's two moments.
-CHECKPOINT_BYTES_PER_PARAM = 12
+# A checkpoint save's seconds: the trainer's own estimate (its bytes per parameter and GB/s), which it also uses to
+# stop in time under SLURM (opdgrpo.train.time_limit).
+from opdgrpo.train.checkpoint import expected_save_seconds
+
 #: GB/s a job reads model weights at from a shared filesystem (low end: a fast one, high end: a busy one). Ours.
 LOAD_GBPS = (2.0, 0.5)
 #: Seconds of one vLLM engine start beyond reading weights: ``torch.compile`` (tens of seconds, cached after the
@@ -70,7 +70,7 @@ def scoring_seconds(domain: Mapping[str, Any], rows: float, heldout: bool, end: 
 
 def checkpoint_seconds(student_params: float) -> float:
     """One save of a student with ``student_params`` parameters: write and hash (also one resume's reads)."""
-    return CHECKPOINT_S_PER_GB * CHECKPOINT_BYTES_PER_PARAM * student_params / 1e9
+    return expected_save_seconds(student_params)
 
 
 def load_seconds(weight_bytes: float, end: int) -> float:

@@ -27,11 +27,11 @@ from opdgrpo.cost.heldout import thinking_block, thinks
 from opdgrpo.cost.job_estimate import ADVICE, DTYPE_BYTES, VLLM_DEFAULT_SHARE, Hardware, JobEstimate
 from opdgrpo.cost.memory_model import ADAM_STATE_BYTES, GIB, Shape, activation_bytes, kv_cache_bytes, layer_params, logit_chunk_bytes, params, root_params
 from opdgrpo.cost.model import architecture, cost_block, estimate_run, lengths_for, model_of
-from opdgrpo.cost.overheads import CHECKPOINT_S_PER_GB
 from opdgrpo.cost.sampling_jobs import base_estimate, difficulty_estimate
 from opdgrpo.cost.stops import StopSettings, stop_settings_of
 from opdgrpo.cost.summary import summary, table
 from opdgrpo.run_shape import RunShape, Sampling, evaluation_count, train_settings
+from opdgrpo.train.checkpoint import CHECKPOINT_S_PER_GB
 
 __all__ = ["ADVICE", "CHECKPOINT_S_PER_GB", "Hardware", "JobEstimate", "StopSettings", "estimate_jobs", "main",
            "refuse_unfit", "stop_settings", "summary", "table", "train_estimate", "unfit"]

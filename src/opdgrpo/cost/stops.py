@@ -3,10 +3,12 @@
 Two numbers per job, from the planner's own phase times (high end), so a job is neither killed before its checkpoint
 nor torn down by a collective that timed out while another process was doing planned work:
 
-- ``signal_lead_s``: SLURM's warning lead (``--signal=TERM@<s>``): a training job notes the signal, finishes the step
-  or the evaluation under way (the trainer stops between them), saves a checkpoint and exits; the lead covers the
-  longer of a step and an evaluation plus a save, with a margin (:func:`opdgrpo.cost.train_time.lead_seconds`). A
-  base or difficulty job does not resume: a warning only ends it, so it keeps the default.
+- ``signal_lead_s``: SLURM's warning lead (``--signal=URG@<s>``), the backstop to the trainer's own stop before its
+  time limit (:mod:`opdgrpo.train.time_limit`), and how long torchrun waits for its workers after a SIGTERM
+  (``--shutdown-timeout``): a training job notes the signal, finishes the step or the evaluation under way (the
+  trainer stops between them), saves a checkpoint and exits; the lead covers the longer of a step and an evaluation
+  plus a save, with a margin (:func:`opdgrpo.cost.train_time.lead_seconds`). A base or difficulty job does not
+  resume: it gets no warning, and keeps the default for torchrun.
 - ``collective_timeout_s``: the torch process-group timeout: the longest planned phase during which one process may
   sit in a collective while another works (the main process writing and hashing a checkpoint while the others wait
   in a barrier, uneven code scoring before a gather, uneven evaluation shares before a gather, an engine start, a

@@ -147,7 +147,8 @@ def summary(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate],
         text += (f"Total: {_span(low, high, ',.0f')} GPU-hours ({_span(low / 8, high / 8, ',.0f')} hours of one 8-GPU "
                  f"node), by cost:\n{cost_lines(estimates)}\n\n{_eval_tables(cfg, estimates)}\n\n")
         if stops:
-            text += ("Stop settings the rules pass on (SLURM's --signal=TERM@<lead>, the process group's timeout; "
+            text += ("Stop settings the rules pass on (a training job's SLURM warning --signal=URG@<lead>, torchrun's "
+                     "--shutdown-timeout, the process group's timeout; "
                      "resources.<kind>.signal_lead_s / collective_timeout_s override them):\n\n"
                      + stop_lines(estimates, stops) + "\n\n")
     return text + "".join(f"note: job `{e.job}`: {line}\n" for e in estimates for line in e.notes)

@@ -29,6 +29,12 @@ from opdgrpo.train.finished import read_done, verify_finished
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "manifest.json"
 CANDIDATES = ("checkpoint", "checkpoint.old")
+#: Seconds per GB of a checkpoint: written at 1 GB/s and read back at 1 GB/s for its sha256 manifest (ours, until a
+#: GPU run's log, which prints each save's seconds, replaces it). The planner prices saves with it, and a run under
+#: SLURM estimates its first save with it (opdgrpo.train.time_limit) until it has measured one.
+CHECKPOINT_S_PER_GB = 2.0
+#: Bytes of a checkpoint per student parameter: the fp32 weights (the gathered master state) and Adam's two moments.
+CHECKPOINT_BYTES_PER_PARAM = 12
 
 log = logging.getLogger("opdgrpo.train.checkpoint")
 
@@ -115,6 +121,11 @@ def verify_checkpoint(path: Path) -> bool:
         if file_sha256(file) != want["sha256"]:
             raise CorruptCheckpoint(f"{file}: sha256 differs from the manifest (corrupted)")
     return True
+
+
+def expected_save_seconds(student_params: float) -> float:
+    """One save of a student with ``student_params`` parameters: its write and hash (also one resume's reads)."""
+    return CHECKPOINT_S_PER_GB * CHECKPOINT_BYTES_PER_PARAM * student_params / 1e9
 
 
 def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, step: int, cumulative_flops: float, cfg_hash: str,

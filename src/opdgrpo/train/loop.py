@@ -28,7 +28,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -43,7 +43,7 @@ from opdgrpo.tracking import Tracker
 from opdgrpo.train import faults, fsdp, numerics
 from opdgrpo.train import flops as flop_formulas
 from opdgrpo.train.batching import batch_tasks, domain_counts, eval_seed, rollout_seed, shard_bounds
-from opdgrpo.train.checkpoint import check_precision, clear_run, history_gaps, restore_rng, resume_point, run_identity, save_checkpoint
+from opdgrpo.train.checkpoint import check_precision, clear_run, expected_save_seconds, history_gaps, restore_rng, resume_point, run_identity, save_checkpoint
 from opdgrpo.train.distributed import Workers
 from opdgrpo.train.evaluation import evaluate, heldout_for
 from opdgrpo.train.finished import checkpoint_record
@@ -57,13 +57,19 @@ from opdgrpo.train.peak import mfu_summary, run_peak
 from opdgrpo.train.precision import resolve as resolve_precision
 from opdgrpo.train.rollout import PromptFormat, sample_and_score
 from opdgrpo.train.step_stats import StepStats, components
+from opdgrpo.train.time_limit import WARNING_SIGNAL, Durations, TimeLimit
 from opdgrpo.train.tokenizer import load_tokenizer
 
 log = logging.getLogger("opdgrpo.train.loop")
 
 
 class Interrupted(RuntimeError):
-    """SIGTERM/SIGINT arrived; the run checkpointed and stopped. A rerun resumes it."""
+    """SIGTERM/SIGINT arrived, or the SLURM allocation is about to end (:mod:`opdgrpo.train.time_limit`); the run
+    checkpointed and stopped. A rerun resumes it. ``why``: which of them, for the attempt's record."""
+
+    def __init__(self, message: str, why: str):
+        super().__init__(message)
+        self.why = why
 
 
 class NonFinite(FloatingPointError):
@@ -141,6 +147,8 @@ class Run:
     tracker: Tracker | None = None     # train.report_to (main process)
     reference: FrozenForward | None = None   # GRPO's frozen reference model (beta > 0), else None
     engine: Any = None                 # train.engine vllm: the colocated engine (opdgrpo.train.engines); None: hf
+    limit: TimeLimit | None = None     # the SLURM allocation's end (main process, under SLURM), else None
+    durations: Durations = field(default_factory=Durations)   # the longest step, evaluation and save measured
 
     @property
     def main(self) -> bool:
@@ -212,17 +220,20 @@ def _loop(run: Run, stop: dict[str, Any]) -> dict[str, Any]:
         faults.pace(t0)
         run.cumulative += sum(stats.flops.values())
         wall = max(time.time() - t0, 1e-9)
+        run.durations.step(wall)
         line = stats.ledger_line(step, run.cumulative, run.optimizer.param_groups[0]["lr"], wall)
         if run.main:
             append_jsonl(run.ledger, line)
             run.tracker.step(line)
             run.progress.step(step + 1, _progress_values(line, wall), wall)
-        stopping = run.workers.any(stop["signal"] is not None)
+        out_of_time = _out_of_time(run, step + 1)
+        stopping = run.workers.any(stop["signal"] is not None or out_of_time is not None)
         if (step + 1) % shape.checkpoint_every == 0 or stopping:
             _checkpoint(run, step + 1)
         if stopping:
-            raise Interrupted(f"run {run.cfg['run_id']}: signal {stop['signal']} after step {step}; "
-                              "checkpoint saved, rerun to resume")
+            why = out_of_time or (f"signal {stop['signal']}" if stop["signal"] is not None else "another process stopped")
+            raise Interrupted(f"run {run.cfg['run_id']}: {why}; stopped after step {step}, checkpoint saved, rerun to "
+                              "resume", why)
     final = _evaluate(run, shape.steps)
     _checkpoint(run, shape.steps)
     return final
@@ -234,8 +245,18 @@ def _stop_before(run: Run, step: int, stop: dict[str, Any]) -> None:
     (``step > run.start``), and the next one redoes this evaluation (it resumes at ``step``)."""
     if step % run.shape.checkpoint_every != 0:
         _checkpoint(run, step)
-    raise Interrupted(f"run {run.cfg['run_id']}: signal {stop['signal']} during the evaluation at step {step}; "
-                      "checkpoint saved, rerun to resume")
+    why = f"signal {stop['signal']}" if stop["signal"] is not None else "another process stopped"
+    raise Interrupted(f"run {run.cfg['run_id']}: {why} during the evaluation at step {step}; checkpoint saved, rerun "
+                      "to resume", why)
+
+
+def _out_of_time(run: Run, done_steps: int) -> str | None:
+    """Why the main process must stop after ``done_steps`` steps before its SLURM allocation ends (what comes next, an
+    evaluation if one is due and a step, and a save would not fit: :mod:`opdgrpo.train.time_limit`), else None."""
+    if run.limit is None:
+        return None
+    return run.limit.why_stop(run.durations, evaluation_due=done_steps % run.shape.eval_every == 0
+                              or done_steps >= run.shape.steps)
 
 
 def _step(run: Run, step: int) -> StepStats:
@@ -490,6 +511,7 @@ def _evaluate(run: Run, step: int) -> dict[str, Any]:
                                        max_batch_tokens=ev.max_batch_tokens, engine=run.engine)
     faults.kill_point("eval", step)
     faults.signal_point("term_eval", step)
+    run.durations.evaluation(time.time() - t0)
     record = {"step": step, "cumulative_flops": run.cumulative, "eval_flops": eval_flops, "results": results}
     if run.main:
         append_jsonl(run.evals, record)
@@ -511,17 +533,20 @@ def _checkpoint(run: Run, done_steps: int) -> None:
                         precision=run.shape.precision)
         run.progress.event("checkpoint", {"step": done_steps, "seconds": round(time.time() - t0, 1)})
     workers.barrier()
+    run.durations.save(time.time() - t0)
 
 
 @contextlib.contextmanager
 def _stop_requests() -> Iterator[dict[str, Any]]:
-    """SIGTERM/SIGINT (SLURM's warning, Ctrl-C) only note the signal; the loop checkpoints and stops after the step."""
+    """SIGTERM, SIGINT (a Ctrl-C, a `kill`) and SLURM's warning (SIGURG: :data:`opdgrpo.train.time_limit.WARNING_SIGNAL`)
+    only note the signal; the loop checkpoints and stops after the step."""
     stop: dict[str, Any] = {"signal": None}
 
     def request_stop(signum, _frame):
         stop["signal"] = signum
 
-    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    warning = getattr(signal, f"SIG{WARNING_SIGNAL}")
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT, warning)}
     try:
         yield stop
     finally:
@@ -615,8 +640,23 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
     if run.main:
         write_yaml(run_dir / "config.yaml", cfg)
         run.progress = Progress(cfg["run_id"], shape.steps, run.start)
+        run.limit = _time_limit(run)
         run.tracker = Tracker(shared["report_to"], run_dir, cfg["run_id"], cfg, run.start)
     return run
+
+
+def _time_limit(run: Run) -> TimeLimit | None:
+    """Under SLURM, the allocation's end, which the run stops before (:mod:`opdgrpo.train.time_limit`); its first
+    save is estimated from the checkpoint's bytes until one is measured. Said in the job's log."""
+    limit = TimeLimit.from_environment()
+    left = limit.seconds_left() if limit is not None else None
+    if left is None:
+        return None
+    run.durations.save_s = expected_save_seconds(parameter_count(run.student))
+    run.progress.event("time_limit", {"slurm_job": limit.job_id, "seconds_left": round(left),
+                                      "save_estimate_s": round(run.durations.save_s, 1),
+                                      "margin_s": limit.margin_s})
+    return limit
 
 
 def _engine(run: Run):
