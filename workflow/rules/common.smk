@@ -76,7 +76,7 @@ PRIORITY = _priorities(CFG, PLAN)
 # Snakemake would see the job fail and exit, and the end of the job step would kill the launcher and its workers in
 # the middle of their checkpoint save. Under proctrack/cgroup the signal reaches Snakemake alone and the trainer stops
 # itself before the time limit (opdgrpo.train.time_limit; docs/paper-profile.md, "Stopping before the time limit").
-_INTERPRETER = shlex.quote(sys.executable)   # the interpreter that runs Snakemake (jobs run without an activated venv)
+_INTERPRETER = shlex.quote(sys.executable)  # the interpreter that runs Snakemake (jobs run without an activated venv)
 PYTHON = f"exec {_INTERPRETER}"
 
 
@@ -86,8 +86,10 @@ def _one_command(key, default):
     value = str(config.get(key, default) or "")
     lexer = shlex.shlex(value, posix=True, punctuation_chars=True)
     if any(token and set(token) <= set(";&|") for token in lexer) or "\n" in value:
-        raise WorkflowError(f"--config {key}={value!r}: give one command (it is exec'd in the rule's shell); put "
-                            "set-up such as `source env.sh && ...` into a script of its own, or use `env VAR=...`")
+        raise WorkflowError(
+            f"--config {key}={value!r}: give one command (it is exec'd in the rule's shell); put "
+            "set-up such as `source env.sh && ...` into a script of its own, or use `env VAR=...`"
+        )
     return f"exec {value}" if value else None
 
 
