@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from opdgrpo.config import ConfigError
 from opdgrpo.cost import train_time
-from opdgrpo.cost.engine_memory import engine_start
+from opdgrpo.cost.engine_memory import engine_start, pinned_while_asleep
 from opdgrpo.cost.heldout import thinking_block, thinks
 from opdgrpo.cost.job_estimate import ADVICE, DTYPE_BYTES, VLLM_DEFAULT_SHARE, Hardware, JobEstimate
 from opdgrpo.cost.memory_model import ADAM_STATE_BYTES, GIB, Shape, activation_bytes, kv_cache_bytes, layer_params, logit_chunk_bytes, params, root_params
@@ -154,13 +154,14 @@ def _host(est: JobEstimate, rc: Mapping[str, Any], student: Shape, teachers: Seq
     """Host memory per node. Loading: every process reads each model whole before it moves or shards it, one model at
     a time; on resume it first reads the checkpoint's trainer state (the full optimizer state, one process's layout:
     opdgrpo.train.checkpoint.resume_point) and holds it until the optimizer takes it. Afterwards: each sleeping
-    engine's pinned copy of its weights (sleep level 1; level 2 discards them), and during a save the main process's
-    gathered weights and Adam state."""
+    engine's pinned copies (:func:`~opdgrpo.cost.engine_memory.pinned_while_asleep`: its runtime and CUDA graph pools
+    at every sleep level, its weights too at level 1), and during a save the main process's gathered weights and Adam
+    state."""
     t, world = train_settings(rc["train"]), est.gpus
     est.host = world * max([_bytes(t["param_dtype"]) * params(student)]
                            + [_bytes(t["teacher_dtype"]) * params(s) for s in teachers])
     est.host_resume = est.host + world * ADAM_STATE_BYTES * params(student)
-    pinned = world * 2 * params(student) if est.engine is not None and sleep_level(rc) == 1 else 0.0
+    pinned = world * pinned_while_asleep(est.engine, sleep_level(rc)) if est.engine is not None else 0.0
     est.host_steady = pinned + (4 + ADAM_STATE_BYTES) * params(student)
 
 
