@@ -21,11 +21,27 @@ from typing import Sequence
 
 def _job_config(args) -> dict:
     """The job's config, with the runtime keys the rules pass beside it and renamed keys by their current names
-    (:func:`opdgrpo.job_identity.with_runtime`)."""
+    (:func:`opdgrpo.job_identity.with_runtime`), and the engine settings the rules pass beside it
+    (:func:`_engine_settings`)."""
     from .job_identity import with_runtime
 
     cfg = json.loads(args.config_json) if args.config_json else json.loads(Path(args.config_file).read_text())
-    return with_runtime(cfg)
+    return _engine_settings(args, with_runtime(cfg))
+
+
+def _engine_settings(args, cfg: dict) -> dict:
+    """``cfg`` with the engine settings the rules export for this job (:func:`opdgrpo.job_identity.engine_settings_of`,
+    by its ``--out``: the plan's share and ``max_num_seqs``, or a value set by hand, which the job's identity leaves
+    out) in the engine block it reads: a training job's ``train.vllm``, a sampling job's ``vllm``."""
+    from .job_identity import engine_settings_of, with_engine_settings
+
+    values = engine_settings_of(args.out)
+    if not values:
+        return cfg
+    try:
+        return with_engine_settings(cfg, ("train", "vllm") if args.command == "train" else ("vllm",), values)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from err
 
 
 def _require_cached(kind: str, cfg: dict, out: Path) -> None:

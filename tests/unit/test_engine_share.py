@@ -1,15 +1,23 @@
-"""vLLM 0.32's own start-up arithmetic (opdgrpo.cost.engine_memory): what the profiling run's sampler pass keeps, the
-fixed point of max_num_seqs and the pool, what a sleeping engine pins in host memory, and the decode bound."""
+"""The vLLM engine's share and max_num_seqs, chosen per job by the plan (opdgrpo.cost.engine_share) from vLLM 0.32's
+own start-up arithmetic (opdgrpo.cost.engine_memory): what the profiling run's sampler pass keeps, the fixed point
+of max_num_seqs and the pool, what a sleeping engine pins in host memory, and the path of the values
+from the plan to the engine outside every job's identity."""
 
 from __future__ import annotations
 
+import argparse
+import json
+
 import pytest
 
-from opdgrpo.config import compose
+from opdgrpo import job_identity
+from opdgrpo.config import ConfigError, compose
 from opdgrpo.cost import engine_memory as em
 from opdgrpo.cost import resources
+from opdgrpo.cost.engine_share import engine_env, engine_plan
 from opdgrpo.cost.memory_model import GIB, Shape, params
 from opdgrpo.plan.build import build_plan
+from opdgrpo.train import checkpoint
 
 TOY = Shape(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, head_dim=16, vocab=1000, tied=True)
 
@@ -91,3 +99,134 @@ def test_decode_reads_each_tokens_kv_once_and_the_weights_each_step():
     # in waves of 2 rows: 500 steps, the same tokens' KV
     two = em.EngineStart(share=0, weights=1e9, profile_peak=0, pool=2.5, row=1.0, max_model_len=1000)
     assert em.decode_seconds(two, rows=10, longest=100, mean=100, tbps=1.0) == pytest.approx((500 * 1e9 + 500) / 1e12)
+
+
+# -- the plan's choice -------------------------------------------------------------------------------------------------
+
+def _estimates(*overrides):
+    cfg = compose(["profile=paper", *overrides])
+    plan = build_plan(cfg)
+    return cfg, plan, {e.job: e for e in resources.estimate_jobs(cfg, plan)}
+
+
+def test_every_training_engine_gets_what_its_trainer_leaves_and_holds_20_rows(paper):
+    """Asleep during the update, a training job's engine fits beside the trainer's static memory within the usable
+    memory; vLLM's start check holds; max_num_seqs is the rows the pool holds; every GRPO and OPD job of the paper
+    holds at least 20 rows of its max_model_len at once."""
+    cfg, _, estimates = paper
+    hw = resources.Hardware.of(cfg)
+    train = [e for e in estimates.values() if e.kind == "train"]
+    for e in train:
+        choice, start = e.engine_choice, e.engine
+        assert not choice.share_by_hand and not choice.seqs_by_hand, e.job
+        assert sum(e.static.values()) + start.share <= hw.budget, e.job
+        assert hw.budget - sum(e.static.values()) - start.share < 0.01 * hw.device_bytes, e.job   # nothing left idle
+        assert e.trainer_at_start + start.share <= hw.device_bytes, e.job
+        assert start.rows_at_once == choice.max_num_seqs >= 20, e.job
+    assert min(e.engine.rows_at_once for e in train) == estimates["grpo-qwen3_8b-code-s0"].engine.rows_at_once
+    base = estimates["base-qwen3_32b"].engine_choice   # the base and S2 jobs keep the profile's own settings
+    assert (base.gpu_memory_utilization, base.max_num_seqs, base.share_by_hand, base.seqs_by_hand) == (0.9, 128, True, True)
+
+
+def test_a_value_set_by_hand_wins_and_is_checked():
+    cfg, plan, estimates = _estimates("train.vllm.gpu_memory_utilization=0.5", "+train.vllm.max_num_seqs=16")
+    e = estimates["grpo-student-math-s0"]
+    assert e.engine_choice.share_by_hand and e.engine_choice.gpu_memory_utilization == 0.5
+    assert e.engine_choice.seqs_by_hand and e.engine.rows_at_once == 16
+    assert "0.50 (set)" in resources.summary(cfg, list(estimates.values()))
+    _, _, only_share = _estimates("train.vllm.gpu_memory_utilization=0.5")
+    assert not only_share["grpo-student-math-s0"].engine_choice.seqs_by_hand   # the rows then fitted to 0.5
+    assert only_share["grpo-student-math-s0"].engine.rows_at_once > 16
+    with pytest.raises(ConfigError, match=r"`train.vllm.gpu_memory_utilization` must be a fraction"):
+        compose(["profile=paper", "train.vllm.gpu_memory_utilization=1.5"])
+    with pytest.raises(ConfigError, match=r"`train.vllm_alone.max_num_seqs` must be an integer"):
+        compose(["profile=paper", "train.vllm_alone.max_num_seqs=0"])
+
+
+def test_an_engine_that_never_sleeps_leaves_the_training_pass_its_room(paper):
+    cfg, _, estimates = paper
+    _, _, awake = _estimates("+train.vllm.enable_sleep_mode=false")
+    asleep, up = estimates["grpo-student-math-s0"], awake["grpo-student-math-s0"]
+    assert up.engine.share < asleep.engine.share
+    assert up.peak <= resources.Hardware.of(cfg).budget and up.peak_phase == "training pass"
+    assert up.host_steady < asleep.host_steady   # nothing pinned: it never sleeps
+
+
+def test_the_summary_says_where_each_value_comes_from(paper):
+    cfg, _, estimates = paper
+    text = resources.summary(cfg, list(estimates.values()))
+    assert "| vLLM share | vLLM max_num_seqs | vLLM rows at once |" in text
+    e = estimates["opd-qwen3_32b-code-s0"]
+    assert f"| {e.engine_choice.gpu_memory_utilization:.2f} (plan) | {e.engine.rows_at_once} (plan) | " \
+           f"{e.engine.rows_at_once} of 9692 |" in text
+    assert "| 0.90 (set) | 128 (set) | 3 of 9692 |" in text
+
+
+# -- from the plan to the engine, outside the jobs' identity ---------------------------------------------------------
+
+def test_the_engine_keys_leave_the_identity_and_the_resume_hash():
+    cfg = {"train": {"lr": 1, "vllm": {"dtype": "bfloat16", "gpu_memory_utilization": 0.5, "max_num_seqs": 8},
+                     "vllm_alone": {"gpu_memory_utilization": 0.9, "max_num_batched_tokens": 8192}},
+           "vllm": {"max_num_seqs": 128, "dtype": "bfloat16"}, "method": {"name": "grpo"}}
+    hashed = job_identity.identity(cfg)
+    assert hashed["train"]["vllm"] == {"dtype": "bfloat16"} and hashed["vllm"] == {"dtype": "bfloat16"}
+    assert hashed["train"]["vllm_alone"] == {"max_num_batched_tokens": 8192}
+    assert cfg["train"]["vllm"]["max_num_seqs"] == 8   # the config itself is left as it is
+    plain = {"train": {"lr": 1, "vllm": {"dtype": "bfloat16"}}, "method": {"name": "grpo"}}
+    assert job_identity.identity(plain) == plain
+
+
+def test_a_changed_share_resumes_a_checkpoint(paper, monkeypatch):
+    _, plan, _ = paper
+    monkeypatch.setattr(checkpoint, "upstream_fingerprint", lambda cfg: {})
+    job = plan.jobs["grpo-student-math-s0"]
+    one = json.loads(json.dumps(job.config))
+    other = json.loads(json.dumps(job.config))
+    other["train"]["vllm"].update(gpu_memory_utilization=0.5, max_num_seqs=7)
+    assert checkpoint.run_identity(one) == checkpoint.run_identity(other)
+    other["train"]["vllm"]["dtype"] = "float32"
+    assert checkpoint.run_identity(one) != checkpoint.run_identity(other)
+
+
+def test_the_rules_export_each_jobs_values_and_the_job_puts_them_back(paper, monkeypatch):
+    """engine_env (what the rules export) keys each job's values by its directory; the CLI reads its own entry by
+    `--out` into the engine block its engine reads (a training job's train.vllm, a sampling job's vllm), where
+    engine_args passes them to vllm.LLM. A config that carries another value is refused, naming the key."""
+    from opdgrpo import cli
+    from opdgrpo.train.engines.vllm_engine import engine_args
+
+    cfg, plan, estimates = paper
+    choices = engine_plan(cfg, plan, list(estimates.values()))
+    env = engine_env(choices, plan)
+    monkeypatch.setenv(job_identity.ENGINE_ENV, env)
+    monkeypatch.delenv(job_identity.ENV, raising=False)
+    for job_id, path in (("opd-qwen3_32b-code-s0", ("train", "vllm")), ("base-qwen3_32b", ("vllm",))):
+        job = plan.jobs[job_id]
+        args = argparse.Namespace(command="train" if path[0] == "train" else "pretrain", out=job.out_dir,
+                                  config_json=json.dumps(job_identity.identity(job.config)), config_file=None)
+        got = cli._job_config(args)
+        block = got["train"]["vllm"] if path[0] == "train" else got["vllm"]
+        assert block["gpu_memory_utilization"] == choices[job_id].gpu_memory_utilization
+        assert block["max_num_seqs"] == choices[job_id].max_num_seqs
+        llm = engine_args(type("C", (), {"dtype": "bfloat16"})(), max_len=9692, settings=block, seed=0, cuda=True,
+                          world=8, shares_gpu=path[0] == "train")
+        assert (llm["gpu_memory_utilization"], llm["max_num_seqs"]) == (block["gpu_memory_utilization"],
+                                                                        block["max_num_seqs"])
+    clash = plan.jobs["grpo-student-math-s0"].config
+    args = argparse.Namespace(command="train", out=plan.jobs["grpo-student-math-s0"].out_dir, config_file=None,
+                              config_json=json.dumps({**clash, "train": {**clash["train"], "vllm": {"max_num_seqs": 3}}}))
+    with pytest.raises(SystemExit, match=r"`train.vllm.max_num_seqs` is 3 in the job's config"):
+        cli._job_config(args)
+
+
+@pytest.mark.parametrize("profile", ["smoke", "tiny", "rehearsal"])
+def test_nothing_is_chosen_for_jobs_that_run_on_cpus(profile):
+    """Without `hardware` (smoke, tiny) or on CPUs (the rehearsal prices the paper's plan on its hardware block but
+    runs on CPUs) the rules export only what conf sets by hand, as the jobs' configs carried it before."""
+    cfg = compose([f"profile={profile}"])
+    plan = build_plan(cfg)
+    exported = json.loads(engine_env(engine_plan(cfg, plan, resources.estimate_jobs(cfg, plan)), plan))
+    set_by_hand = {job_identity.job_key(j.out_dir): {k: v for k, v in (j.config.get("vllm") or {}).items()
+                                                     if k in job_identity.ENGINE_RUNTIME_KEYS}
+                   for j in plan.jobs.values() if j.kind in ("base", "difficulty")}
+    assert exported == {k: v for k, v in set_by_hand.items() if v}
