@@ -1,7 +1,7 @@
 """The vLLM engine's share and max_num_seqs, chosen per job by the plan (opdgrpo.cost.engine_share) from vLLM 0.32's
 own start-up arithmetic (opdgrpo.cost.engine_memory): what the profiling run's sampler pass keeps, the fixed point
-of max_num_seqs and the pool, what a sleeping engine pins in host memory, and the path of the values
-from the plan to the engine outside every job's identity."""
+of max_num_seqs and the pool, what a sleeping engine pins in host memory, what the slow sampler path costs, and the
+path of the values from the plan to the engine outside every job's identity."""
 
 from __future__ import annotations
 
@@ -99,6 +99,40 @@ def test_decode_reads_each_tokens_kv_once_and_the_weights_each_step():
     # in waves of 2 rows: 500 steps, the same tokens' KV
     two = em.EngineStart(share=0, weights=1e9, profile_peak=0, pool=2.5, row=1.0, max_model_len=1000)
     assert em.decode_seconds(two, rows=10, longest=100, mean=100, tbps=1.0) == pytest.approx((500 * 1e9 + 500) / 1e12)
+
+
+# -- the slow sampler path -------------------------------------------------------------------------------------------
+
+def test_processed_logprobs_only_off_temperature_one_with_the_engine_correction():
+    assert not em.processed_logprobs(1.0, 3.0) and not em.processed_logprobs(0.7, None)
+    assert em.processed_logprobs(0.7, 3.0)
+
+
+def test_the_slow_sampler_costs_a_sort_where_top_k_top_p_cut_and_a_loop_over_seeded_rows():
+    v = TOY.vocab
+    assert em.step_extra(TOY, processed=False, seeded=False, top_k_top_p=True, asks_logprobs=False) == em.StepExtra()
+    slow = em.step_extra(TOY, processed=True, seeded=False, top_k_top_p=True, asks_logprobs=False)
+    assert slow.bytes_per_row == v * (em.SORT_BYTES_PER_ENTRY + em.LOG_SOFTMAX_BYTES_PER_ENTRY)
+    rollouts = em.step_extra(TOY, processed=True, seeded=False, top_k_top_p=False, asks_logprobs=True)
+    assert rollouts == em.StepExtra()   # the full distribution, log-probs asked for either way
+    seeded = em.step_extra(TOY, processed=False, seeded=True, top_k_top_p=False, asks_logprobs=False)
+    assert seeded == em.StepExtra(0.0, em.SEEDED_ROW_SECONDS)
+    start = em.EngineStart(share=0, weights=1e9, profile_peak=0, pool=1e6, row=1.0, max_model_len=1000)
+    base = em.decode_seconds(start, rows=10, longest=1000, mean=100, tbps=1.0)
+    assert em.decode_seconds(start, 10, 1000, 100, 1.0, extra=slow) == pytest.approx(base + 1000 * slow.bytes_per_row / 1e12)
+    assert em.decode_seconds(start, 10, 1000, 100, 1.0, extra=seeded) == pytest.approx(base + 1000 * em.SEEDED_ROW_SECONDS)
+
+
+def test_no_shipped_paper_job_keeps_the_slow_path_and_a_tempered_grpo_run_pays_for_it(paper):
+    """The paper's rollouts sample at temperature 1: no job runs under processed_logprobs. At 0.7 GRPO's engine
+    correction needs the tempered log-probs: its evaluations (top-k 20, top-p 0.95) pay the slow path; OPD's do not."""
+    _, _, estimates = paper
+    assert not any("slow sampler" in note for e in estimates.values() for note in e.notes)
+    _, _, hot = _estimates("train.temperature=0.7")
+    grpo, opd = hot["grpo-student-math-s0"], hot["opd-self_n8-math-s0"]
+    assert any(note.startswith("evaluation: vLLM's slow sampler path") for note in grpo.notes)
+    assert not any("slow sampler" in note for note in opd.notes)
+    assert grpo.costs["evaluation"][1] > estimates["grpo-student-math-s0"].costs["evaluation"][1]
 
 
 # -- the plan's choice -------------------------------------------------------------------------------------------------

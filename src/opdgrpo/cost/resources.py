@@ -210,10 +210,11 @@ def _train_time(cfg: Mapping[str, Any], est: JobEstimate, job: Any, jobs: Mappin
     block = thinking_block(cfg, rc["train_domains"], new) if thinking else cost_block(cfg)
     run = estimate_run(cfg, job, jobs, block)
     mean = max(lengths_for(block, d, new).response for d in rc["train_domains"])
-    train_time.add_steps(est, run, rc, hw, est.engine, mean)
+    rollouts, evaluation = train_time.sampler_extras(rc, student)
+    train_time.add_steps(est, run, rc, hw, est.engine, mean, rollouts)
     est.sets, unsized = train_time.evaluation_sets(cfg, rc, thinking)
     est.notes += [f"evaluation of {u} not counted (no size or expected_rows)" for u in unsized]
-    train_time.add_evaluations(est, rc, student, hw, est.engine)
+    train_time.add_evaluations(est, rc, student, hw, est.engine, evaluation)
     train_time.add_checkpoints(est, rc, student)
     est.startup_h = train_time.attempt_start(cfg, rc, student, teachers, est.engine is not None)
     est.waits["engine start"] = 3600 * est.startup_h[1]
