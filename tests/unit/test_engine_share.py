@@ -177,6 +177,16 @@ def test_a_value_set_by_hand_wins_and_is_checked():
         compose(["profile=paper", "train.vllm_alone.max_num_seqs=0"])
 
 
+def test_a_planned_share_without_room_names_what_fills_the_gpu():
+    """Under DDP the trainer's replicas leave the engine no room: the refusal names the plan's share and the static
+    memory's knob, not a share nobody set."""
+    cfg = compose(["profile=paper", "train.distributed=ddp", "~train.fsdp"])
+    problems = resources.unfit(cfg, resources.estimate_jobs(cfg, build_plan(cfg)))
+    message = next(p for p in problems if "grpo-student-math-s0`: vLLM would refuse to start" in p)
+    assert "the plan's share" in message and "change: train.distributed=fsdp" in message
+    assert "gpu_memory_utilization" not in message
+
+
 def test_an_engine_that_never_sleeps_leaves_the_training_pass_its_room(paper):
     cfg, _, estimates = paper
     _, _, awake = _estimates("+train.vllm.enable_sleep_mode=false")

@@ -316,10 +316,12 @@ def engine_refusals(hw: Hardware, estimates: Sequence[JobEstimate]) -> list[str]
             continue
         x, advice = e.engine, ADVICE["vLLM start"].format(settings=e.engine_key)
         share_key = f"{e.engine_key}.gpu_memory_utilization"
-        if e.share_planned:
+        if e.share_planned:   # what fills the GPU beside the engine is what to change
             room = e.engine_choice.room if e.engine_choice is not None else x.share
-            share_key = f"the plan's share: the {room / GIB:.1f} GiB the job's other memory leaves it"
-            advice = f"{e.advice()}, or a lower max_new_tokens (the engine's max_model_len)"
+            share_key = f"the plan's share, the room the job's other memory leaves it: {room / GIB:.1f} GiB"
+            beside = ADVICE[max(e.static, key=e.static.get)] if e.kind == "train" and e.static else \
+                "a smaller model or a GPU with more memory (hardware)"
+            advice = f"{beside}, or a lower max_new_tokens (the engine's max_model_len)"
         if e.trainer_at_start + x.share > total:
             out.append(f"job `{e.job}`: vLLM would refuse to start: the trainer holds {e.trainer_at_start / GIB:.1f} "
                        f"GiB when its engine asks for {x.share / GIB:.1f} GiB ({share_key}) of the {total / GIB:.0f} "
