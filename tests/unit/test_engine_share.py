@@ -274,3 +274,21 @@ def test_nothing_is_chosen_for_jobs_that_run_on_cpus(profile):
                                                      if k in job_identity.ENGINE_RUNTIME_KEYS}
                    for j in plan.jobs.values() if j.kind in ("base", "difficulty")}
     assert exported == {k: v for k, v in set_by_hand.items() if v}
+
+
+def test_a_training_job_started_by_hand_on_a_gpu_without_a_share_says_so(paper, monkeypatch, caplog):
+    """The rules' config no longer carries the share: a training job started by hand without the rules' variable
+    would give its engine vLLM's default 0.9 beside the trainer, and says so."""
+    import torch
+
+    from opdgrpo import cli
+
+    _, plan, _ = paper
+    job = plan.jobs["grpo-student-math-s0"]
+    args = argparse.Namespace(command="train", out=job.out_dir, config_file=None,
+                              config_json=json.dumps(job_identity.identity(job.config)))
+    monkeypatch.delenv(job_identity.ENGINE_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with caplog.at_level("WARNING", logger="opdgrpo"):
+        cli._job_config(args)
+    assert "vLLM takes its default 0.9 beside the trainer" in caplog.text
