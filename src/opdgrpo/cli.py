@@ -35,9 +35,10 @@ def _engine_settings(args, cfg: dict) -> dict:
     out) in the engine block it reads: a training job's ``train.vllm``, a sampling job's ``vllm``."""
     from .job_identity import ENGINE_ENV, engine_settings_of, with_engine_settings
 
+    training = "run_id" in cfg   # a training job's config (the plan's); a sampling job's has its own `vllm` block
     values = engine_settings_of(args.out)
     if not values:
-        if args.command == "train" and ENGINE_ENV not in os.environ and _colocated_without_share(cfg):
+        if training and ENGINE_ENV not in os.environ and _colocated_without_share(cfg):
             logging.getLogger("opdgrpo").warning(
                 "this training job's vLLM engine has no share of the GPU (train.vllm.gpu_memory_utilization) and "
                 "the rules' %s is not set: vLLM takes its default 0.9 beside the trainer. Run it through "
@@ -45,7 +46,7 @@ def _engine_settings(args, cfg: dict) -> dict:
                 "prints the plan's)", ENGINE_ENV)
         return cfg
     try:
-        return with_engine_settings(cfg, ("train", "vllm") if args.command == "train" else ("vllm",), values)
+        return with_engine_settings(cfg, ("train", "vllm") if training else ("vllm",), values)
     except ValueError as err:
         raise SystemExit(f"error: {err}") from err
 

@@ -246,8 +246,8 @@ def test_the_rules_export_each_jobs_values_and_the_job_puts_them_back(paper, mon
     monkeypatch.delenv(job_identity.ENV, raising=False)
     for job_id, path in (("opd-qwen3_32b-code-s0", ("train", "vllm")), ("base-qwen3_32b", ("vllm",))):
         job = plan.jobs[job_id]
-        args = argparse.Namespace(command="train" if path[0] == "train" else "pretrain", out=job.out_dir,
-                                  config_json=json.dumps(job_identity.identity(job.config)), config_file=None)
+        args = argparse.Namespace(out=job.out_dir, config_json=json.dumps(job_identity.identity(job.config)),
+                                  config_file=None)
         got = cli._job_config(args)
         block = got["train"]["vllm"] if path[0] == "train" else got["vllm"]
         assert block["gpu_memory_utilization"] == choices[job_id].gpu_memory_utilization
@@ -257,7 +257,7 @@ def test_the_rules_export_each_jobs_values_and_the_job_puts_them_back(paper, mon
         assert (llm["gpu_memory_utilization"], llm["max_num_seqs"]) == (block["gpu_memory_utilization"],
                                                                         block["max_num_seqs"])
     clash = plan.jobs["grpo-student-math-s0"].config
-    args = argparse.Namespace(command="train", out=plan.jobs["grpo-student-math-s0"].out_dir, config_file=None,
+    args = argparse.Namespace(out=plan.jobs["grpo-student-math-s0"].out_dir, config_file=None,
                               config_json=json.dumps({**clash, "train": {**clash["train"], "vllm": {"max_num_seqs": 3}}}))
     with pytest.raises(SystemExit, match=r"`train.vllm.max_num_seqs` is 3 in the job's config"):
         cli._job_config(args)
@@ -285,7 +285,7 @@ def test_a_training_job_started_by_hand_on_a_gpu_without_a_share_says_so(paper, 
 
     _, plan, _ = paper
     job = plan.jobs["grpo-student-math-s0"]
-    args = argparse.Namespace(command="train", out=job.out_dir, config_file=None,
+    args = argparse.Namespace(out=job.out_dir, config_file=None,
                               config_json=json.dumps(job_identity.identity(job.config)))
     monkeypatch.delenv(job_identity.ENGINE_ENV, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
