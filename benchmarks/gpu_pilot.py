@@ -153,18 +153,25 @@ def compose_plan(args: argparse.Namespace, results: Path, memory_gib: float | No
     return cfg, build_plan(cfg)
 
 
-def predictions(cfg: dict[str, Any], plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """The planner's estimate of each pilot job (peak GiB per GPU, its phase, vLLM's start) and what would not fit."""
+def predictions(cfg: dict[str, Any], plan) -> tuple[dict[str, dict[str, Any]], list[str], str]:
+    """The planner's estimate of each pilot job (peak GiB per GPU, its phase, vLLM's start, the engine's share and
+    max_num_seqs), what would not fit, and the engine settings the rules would export to the jobs
+    (:func:`opdgrpo.cost.engine_share.engine_env`)."""
+    from opdgrpo.cost.engine_share import engine_env, engine_plan
     from opdgrpo.cost.resources import estimate_jobs, unfit
 
-    estimates = [e for e in estimate_jobs(cfg, plan) if e.job in JOBS]
+    every = estimate_jobs(cfg, plan)
+    estimates = [e for e in every if e.job in JOBS]
     out = {}
     for e in estimates:
-        engine = e.engine
+        engine, choice = e.engine, e.engine_choice
         out[e.job] = {"peak_gib": round(e.peak / GIB, 1), "peak_phase": e.peak_phase, "hours": e.hours,
                       "engine_starts": None if engine is None else bool(engine.starts),
-                      "max_model_len": None if engine is None else int(engine.max_model_len)}
-    return out, unfit(cfg, estimates)
+                      "max_model_len": None if engine is None else int(engine.max_model_len),
+                      "gpu_memory_utilization": None if choice is None else choice.gpu_memory_utilization,
+                      "max_num_seqs": None if choice is None else choice.max_num_seqs,
+                      "rows_at_once": None if engine is None else engine.rows_at_once}
+    return out, unfit(cfg, estimates), engine_env(engine_plan(cfg, plan, every), plan)
 
 
 def checkpoint_bytes(cfg: dict[str, Any], plan) -> int:
@@ -246,8 +253,9 @@ def command(job, out_dir: Path, processes: int = 1) -> list[str]:
 
 
 def run_job(plan, job_id: str, logs: Path, deadline: float, *, gpu: bool, attempt: int = 1,
-            fault: str | None = None, processes: int = 1) -> dict[str, Any]:
-    """Start one job, wait for it under the deadline, and return what it took."""
+            fault: str | None = None, processes: int = 1, engine: str = "{}") -> dict[str, Any]:
+    """Start one job, wait for it under the deadline, and return what it took; ``engine``: the engine settings the
+    rules export (:func:`predictions`), so the job's engine gets the plan's share and max_num_seqs."""
     from opdgrpo import job_identity
 
     job = plan.jobs[job_id]
@@ -255,7 +263,7 @@ def run_job(plan, job_id: str, logs: Path, deadline: float, *, gpu: bool, attemp
     if job.kind == "train":
         cmd += ["--attempt", str(attempt)]
     env = {**os.environ, job_identity.ENV: json.dumps(job_identity.runtime(j.config for j in plan.jobs.values())),
-           "OPDGRPO_FAULT": fault or ""}
+           job_identity.ENGINE_ENV: engine, "OPDGRPO_FAULT": fault or ""}
     log = logs / f"{job_id}.{attempt}.log"
     left = deadline - time.time()
     if left <= 0:
@@ -371,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpu-pilot-"))
     jobs = [j for j in JOBS if j in (args.jobs or JOBS)]
     cfg, plan = compose_plan(args, workdir / "results", memory)
-    predicted, problems = predictions(cfg, plan)
+    predicted, problems, engine = predictions(cfg, plan)
     need = checkpoint_bytes(cfg, plan)
     disk = None if args.no_resume or args.plan_only else disk_problem(workdir, need)
     result: dict[str, Any] = {"schema": SCHEMA, "preset": args.preset, "status": "running", "commit": common.commit(),
@@ -405,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
             attempts = [(1, f"update:{KILLED_AT}"), (2, None)] if job == OPD_RUN and not args.no_resume else [(1, None)]
             for attempt, fault in attempts:
                 record = run_job(plan, job, logs, deadline, gpu=gpu, attempt=attempt, fault=fault,
-                                 processes=args.base_processes if job == SPLIT_JOB else 1)
+                                 processes=args.base_processes if job == SPLIT_JOB else 1, engine=engine)
                 result["jobs"].append(record)
                 write(args.json, result)
                 print(f"  {job} (attempt {attempt}{', fault ' + fault if fault else ''}): exit {record['exit']}, "

@@ -21,11 +21,44 @@ from typing import Sequence
 
 def _job_config(args) -> dict:
     """The job's config, with the runtime keys the rules pass beside it and renamed keys by their current names
-    (:func:`opdgrpo.job_identity.with_runtime`)."""
+    (:func:`opdgrpo.job_identity.with_runtime`), and the engine settings the rules pass beside it
+    (:func:`_engine_settings`)."""
     from .job_identity import with_runtime
 
     cfg = json.loads(args.config_json) if args.config_json else json.loads(Path(args.config_file).read_text())
-    return with_runtime(cfg)
+    return _engine_settings(args, with_runtime(cfg))
+
+
+def _engine_settings(args, cfg: dict) -> dict:
+    """``cfg`` with the engine settings the rules export for this job (:func:`opdgrpo.job_identity.engine_settings_of`,
+    by its ``--out``: the plan's share and ``max_num_seqs``, or a value set by hand, which the job's identity leaves
+    out) in the engine block it reads: a training job's ``train.vllm``, a sampling job's ``vllm``."""
+    from .job_identity import ENGINE_ENV, engine_settings_of, with_engine_settings
+
+    training = "run_id" in cfg   # a training job's config (the plan's); a sampling job's has its own `vllm` block
+    values = engine_settings_of(args.out)
+    if not values:
+        if training and ENGINE_ENV not in os.environ and _colocated_without_share(cfg):
+            logging.getLogger("opdgrpo").warning(
+                "this training job's vLLM engine has no share of the GPU (train.vllm.gpu_memory_utilization) and "
+                "the rules' %s is not set: vLLM takes its default 0.9 beside the trainer. Run it through "
+                "Snakemake, export the rules' variable, or set the share in the job's config (`opdgrpo resources` "
+                "prints the plan's)", ENGINE_ENV)
+        return cfg
+    try:
+        return with_engine_settings(cfg, ("train", "vllm") if training else ("vllm",), values)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from err
+
+
+def _colocated_without_share(cfg: dict) -> bool:
+    """A training job whose vLLM engine shares a GPU with the trainer and has no share set."""
+    import torch
+
+    from .run_shape import train_settings
+
+    train = train_settings(cfg["train"])
+    return train["engine"] == "vllm" and torch.cuda.is_available() and "gpu_memory_utilization" not in train["vllm"]
 
 
 def _require_cached(kind: str, cfg: dict, out: Path) -> None:

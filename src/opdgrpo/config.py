@@ -194,6 +194,7 @@ def validate(cfg: dict[str, Any]) -> None:
     _check_fsdp_block(cfg["train"])
     _check_engine_blocks(cfg["train"])
     _check_engine_lengths(cfg)
+    _check_engine_shares(cfg["train"])
     _check_engine_correction(cfg["methods"], cfg["train"])
     vocab = cfg["tokenizer"].get("vocab_size")
     if vocab is not None and cfg["methods"]["opd"]["kl_top_k"] > vocab:   # a hub tokenizer's size is known once loaded
@@ -261,6 +262,15 @@ def _check_engine_lengths(cfg: dict[str, Any]) -> None:
         if length is not None and int(length) <= tokens:
             raise ConfigError(f"config key `train.{key}.max_model_len` ({length}) leaves no room for a prompt beside "
                               f"{tokens} new tokens; leave it unset (the engine takes each job's longest row)")
+
+
+def _check_engine_shares(train: dict[str, Any]) -> None:
+    """A share or ``max_num_seqs`` set by hand in ``train.vllm`` or ``train.vllm_alone`` is a fraction of the GPU in
+    (0, 1] and a whole number of rows: vLLM would refuse anything else as the job's engine starts, hours later."""
+    from .job_identity import hand_set
+
+    for key in ("vllm", "vllm_alone"):
+        hand_set(train.get(key) or {}, f"train.{key}")
 
 
 def _check_engine_correction(methods: dict[str, Any], train: dict[str, Any]) -> None:

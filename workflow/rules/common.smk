@@ -5,6 +5,7 @@ import shlex
 import sys
 
 from opdgrpo import job_identity
+from opdgrpo.cost.engine_share import engine_plan, engine_env
 from opdgrpo.cost.schedule import priorities as _priorities
 from opdgrpo.cost.site import site_settings_problems
 from opdgrpo.train.time_limit import WARNING_SIGNAL
@@ -38,6 +39,13 @@ _PREFIX += f"export {job_identity.PRECISION_RECORD_ENV}={shlex.quote(str(Path(RO
 # fails a job at its start, naming each missing model or data set and `opdgrpo fetch`, instead of after timeouts.
 if CFG.get("hub_offline"):
     _PREFIX += "export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1; "
+# Each job's vLLM engine settings (opdgrpo.cost.engine_share, printed by `opdgrpo resources`): its share of the GPU and
+# its max_num_seqs, the plan's choice or a value set by hand, by job directory. They change how the engine runs, not
+# what a job computes, so they leave the jobs' params (opdgrpo.job_identity.ENGINE_RUNTIME_KEYS), and they travel in
+# the prefix, not in a rule's shell text, whose change Snakemake counts as a code change: a changed estimate reruns
+# no job. ESTIMATES: the Snakefile's refuse_unfit.
+_ENGINE = shlex.quote(engine_env(engine_plan(CFG, PLAN, ESTIMATES), PLAN))
+_PREFIX += f"export {job_identity.ENGINE_ENV}={_ENGINE}; "
 # `sandbox.allow_unconfined_reads: true`: a job scoring code on hub data runs even where the code sandbox confines no
 # reads (opdgrpo.sandbox.guard); it is not part of any job's config, so turning it on reruns nothing.
 if (CFG.get("sandbox") or {}).get("allow_unconfined_reads"):

@@ -1,5 +1,6 @@
-"""The planner's two records: the ``hardware`` a profile is sized for, and one job's estimate (memory per device, host
-memory, and wall time cost by cost). Built by :mod:`opdgrpo.cost.resources` (training jobs) and
+"""The planner's records: the ``hardware`` a profile is sized for, one job's estimate (memory per device, host
+memory, and wall time cost by cost), and its engine's settings (:class:`EngineChoice`, chosen by
+:mod:`opdgrpo.cost.engine_share`). Built by :mod:`opdgrpo.cost.resources` (training jobs) and
 :mod:`opdgrpo.cost.sampling_jobs` (base evaluation, S2's solve rates); read by the refusals, the summary and
 :mod:`opdgrpo.cost.stops`."""
 
@@ -14,9 +15,6 @@ from opdgrpo.cost.heldout import EvalSet
 from opdgrpo.cost.memory_model import GIB
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-#: vLLM's own default share of a GPU (``gpu_memory_utilization``).
-VLLM_DEFAULT_SHARE = 0.9
 
 #: The share of the datasheet memory bandwidth a vLLM decode step achieves, where ``hardware.decode_efficiency`` is
 #: unset: 0.65, fitted to vLLM serving Qwen3-8B on one H100 (818 tokens/s at 8 long sequences and 3,117 at 96,
@@ -33,7 +31,8 @@ ADVICE = {
     "training pass": "a lower train.max_tokens_per_microbatch, train.activation_checkpointing=true, or a lower "
                      "train.logit_chunk_tokens",
     "evaluation": "a lower {eval_knob} (or batch_size beside it)",
-    "vLLM engine": "a lower train.vllm.gpu_memory_utilization (the engine's share of a GPU beside the trainer)",
+    "vLLM engine": "a lower train.vllm.gpu_memory_utilization (the engine's share of a GPU beside the trainer), or "
+                   "leave it unset: the plan then gives each job's engine what its trainer leaves",
     "vLLM engine alone": "a higher train.vllm_alone.gpu_memory_utilization, or a smaller model",
     "vLLM start": "a lower max_new_tokens (the engine's max_model_len is the longest prompt + max_new_tokens), a "
                   "lower max_num_batched_tokens/max_num_seqs in {settings} (vLLM's profiling peak), or a higher "
@@ -83,6 +82,28 @@ class Hardware:
         return self.device_bytes * self.usable_fraction
 
 
+@dataclass(frozen=True)
+class EngineChoice:
+    """One job's engine settings as the rules pass them: each value chosen by the plan, set by hand, or None (vLLM's
+    default: the plan had no ``hardware`` to choose by, or the job runs on CPUs)."""
+
+    gpu_memory_utilization: float | None
+    max_num_seqs: int | None
+    share_by_hand: bool = False
+    seqs_by_hand: bool = False
+    key: str = "train.vllm"           # the settings block the job's engine reads
+    room: float = 0.0                 # bytes the plan found for the engine (where it chose the share)
+
+    def label(self, name: str) -> str:
+        """``0.62 (plan)``, ``0.35 (set)`` or ``-``, for the summary."""
+        value = getattr(self, name)
+        if value is None:
+            return "-"
+        by_hand = self.share_by_hand if name == "gpu_memory_utilization" else self.seqs_by_hand
+        shown = f"{value:.2f}" if name == "gpu_memory_utilization" else str(value)
+        return f"{shown} ({'set' if by_hand else 'plan'})"
+
+
 @dataclass
 class JobEstimate:
     job: str
@@ -95,6 +116,7 @@ class JobEstimate:
     host_steady: float = 0.0                       # after the load: the sleeping engines' pinned weights, a save
     engine: EngineStart | None = None              # vLLM's start-up memory (engine jobs on a device with hardware)
     engine_key: str = "train.vllm"                 # the settings block that engine reads
+    engine_choice: EngineChoice | None = None      # its share and max_num_seqs, chosen or set (cost.engine_share)
     trainer_at_start: float = 0.0                  # what a colocated trainer holds when its engine starts
     costs: dict[str, tuple[float, float]] = field(default_factory=dict)   # wall hours (low, high) by cost
     sets: list[EvalSet] = field(default_factory=list)                     # what one evaluation samples
@@ -125,9 +147,17 @@ class JobEstimate:
     def peak(self) -> float:
         return sum(self.static.values()) + (max(self.phases.values()) if self.phases else 0.0)
 
+    @property
+    def share_planned(self) -> bool:
+        """Whether the plan chose the engine's share (:mod:`opdgrpo.cost.engine_share`) rather than a user."""
+        return self.engine_choice is not None and not self.engine_choice.share_by_hand
+
     def advice(self) -> str:
-        """The knob of the largest contributor: its peak phase when that outweighs every static component."""
-        parts = {**self.static, self.peak_phase: self.phases.get(self.peak_phase, 0.0)}
+        """The knob of the largest contributor: its peak phase when that outweighs every static component. A share the
+        plan chose is what the static memory left it, so the static memory is what to change then."""
+        parts = dict(self.static)
+        if not (self.share_planned and self.peak_phase.startswith("vLLM engine")) or not parts:
+            parts[self.peak_phase] = self.phases.get(self.peak_phase, 0.0)
         return ADVICE[max(parts, key=parts.get)].format(eval_knob=EVAL_KNOBS[self.kind])
 
     def add(self, cost: str, low: float, high: float | None = None) -> None:

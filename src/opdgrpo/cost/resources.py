@@ -21,10 +21,10 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from opdgrpo.config import ConfigError
-from opdgrpo.cost import train_time
-from opdgrpo.cost.engine_memory import engine_start
+from opdgrpo.cost import engine_share, train_time
+from opdgrpo.cost.engine_memory import pinned_while_asleep, processed_logprobs
 from opdgrpo.cost.heldout import thinking_block, thinks
-from opdgrpo.cost.job_estimate import ADVICE, DTYPE_BYTES, VLLM_DEFAULT_SHARE, Hardware, JobEstimate
+from opdgrpo.cost.job_estimate import ADVICE, DTYPE_BYTES, Hardware, JobEstimate
 from opdgrpo.cost.memory_model import ADAM_STATE_BYTES, GIB, Shape, activation_bytes, kv_cache_bytes, layer_params, logit_chunk_bytes, params, root_params
 from opdgrpo.cost.model import architecture, cost_block, estimate_run, lengths_for, model_of
 from opdgrpo.cost.sampling_jobs import base_estimate, difficulty_estimate
@@ -154,13 +154,15 @@ def _host(est: JobEstimate, rc: Mapping[str, Any], student: Shape, teachers: Seq
     """Host memory per node. Loading: every process reads each model whole before it moves or shards it, one model at
     a time; on resume it first reads the checkpoint's trainer state (the full optimizer state, one process's layout:
     opdgrpo.train.checkpoint.resume_point) and holds it until the optimizer takes it. Afterwards: each sleeping
-    engine's pinned copy of its weights (sleep level 1; level 2 discards them), and during a save the main process's
-    gathered weights and Adam state."""
+    engine's pinned copies (:func:`~opdgrpo.cost.engine_memory.pinned_while_asleep`: its runtime and CUDA graph pools
+    at every sleep level, its weights too at level 1), and during a save the main process's gathered weights and Adam
+    state."""
     t, world = train_settings(rc["train"]), est.gpus
     est.host = world * max([_bytes(t["param_dtype"]) * params(student)]
                            + [_bytes(t["teacher_dtype"]) * params(s) for s in teachers])
     est.host_resume = est.host + world * ADAM_STATE_BYTES * params(student)
-    pinned = world * 2 * params(student) if est.engine is not None and sleep_level(rc) == 1 else 0.0
+    asleep = est.engine is not None and engine_share.sleeps(t["vllm"])
+    pinned = world * pinned_while_asleep(est.engine, sleep_level(rc)) if asleep else 0.0
     est.host_steady = pinned + (4 + ADAM_STATE_BYTES) * params(student)
 
 
@@ -174,18 +176,24 @@ def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw
     shape = RunShape.of(rc, world)
     static, residual = _train_static(cfg, rc, student, teachers, shape)
     phases = _train_phases(cfg, rc, student, teachers, shape, residual)
-    engine = None
-    if shape.engine == "vllm" and hw:   # sampling and evaluation inside the engine's reservation
-        settings = shape.settings["vllm"]
-        share = float(settings.get("gpu_memory_utilization", VLLM_DEFAULT_SHARE))
-        phases = {"training pass": phases["training pass"], "vLLM engine": share * hw.device_bytes}
-        # asleep during the update (its KV cache freed; its weights to host memory at level 1, discarded at 2)
-        engine = engine_start(student, gpu_bytes=hw.device_bytes, settings=settings,
-                              max_model_len=max_model_len(settings, _train_row(cfg, rc)))
-    est = JobEstimate(job.id, "train", world, static, phases, engine=engine)
+    engine, choice = None, None
     # the engine starts after the models load and before the first step: the trainer holds its weights (under hf
     # the sampling replica too) and its teachers then; gradients and Adam's state come with the first update
-    est.trainer_at_start = static.get("weights", 0.0) + static.get("teachers", 0.0)
+    at_start = static.get("weights", 0.0) + static.get("teachers", 0.0)
+    if shape.engine == "vllm" and hw:   # sampling and evaluation inside the engine's reservation
+        settings = shape.settings["vllm"]
+        # asleep during the update (its KV cache freed; its weights to host memory at level 1, discarded at 2): its
+        # share only has to fit beside the trainer's static memory; awake throughout, beside the training pass too
+        asleep = engine_share.sleeps(settings)
+        room = engine_share.colocated_room(hw, sum(static.values()), at_start, phases["training pass"], asleep)
+        choice, (engine,) = engine_share.choose(
+            [student], hw=hw, settings=settings, key="train.vllm", room=room,
+            max_model_lens=[max_model_len(settings, _train_row(cfg, rc))],
+            processed=processed_logprobs(shape.rollout.temperature, shape.method.get("engine_is_cap")))
+        phases = {"training pass": phases["training pass"] + (0.0 if asleep else engine.share),
+                  "vLLM engine": engine.share}
+    est = JobEstimate(job.id, "train", world, static, phases, engine=engine, engine_choice=choice)
+    est.trainer_at_start = at_start
     _host(est, rc, student, teachers)
     if hw:
         _train_time(cfg, est, job, jobs, hw, student, teachers, thinks(cfg, student_model, rc["train"].get(
@@ -202,10 +210,11 @@ def _train_time(cfg: Mapping[str, Any], est: JobEstimate, job: Any, jobs: Mappin
     block = thinking_block(cfg, rc["train_domains"], new) if thinking else cost_block(cfg)
     run = estimate_run(cfg, job, jobs, block)
     mean = max(lengths_for(block, d, new).response for d in rc["train_domains"])
-    train_time.add_steps(est, run, rc, hw, est.engine, mean)
+    rollouts, evaluation = train_time.sampler_extras(rc, student)
+    train_time.add_steps(est, run, rc, hw, est.engine, mean, rollouts)
     est.sets, unsized = train_time.evaluation_sets(cfg, rc, thinking)
     est.notes += [f"evaluation of {u} not counted (no size or expected_rows)" for u in unsized]
-    train_time.add_evaluations(est, rc, student, hw, est.engine)
+    train_time.add_evaluations(est, rc, student, hw, est.engine, evaluation)
     train_time.add_checkpoints(est, rc, student)
     est.startup_h = train_time.attempt_start(cfg, rc, student, teachers, est.engine is not None)
     est.waits["engine start"] = 3600 * est.startup_h[1]
@@ -298,22 +307,31 @@ def overtime(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[s
 
 
 def engine_refusals(hw: Hardware, estimates: Sequence[JobEstimate]) -> list[str]:
-    """What vLLM itself would refuse as its engine starts (:mod:`opdgrpo.cost.engine_memory`), one message per job."""
+    """What vLLM itself would refuse as its engine starts (:mod:`opdgrpo.cost.engine_memory`), one message per job.
+    A share the plan chose is the room the job's other memory leaves the engine: the message then names that."""
     out = []
     total = hw.device_bytes
     for e in estimates:
         if e.engine is None:
             continue
         x, advice = e.engine, ADVICE["vLLM start"].format(settings=e.engine_key)
+        share_key = f"{e.engine_key}.gpu_memory_utilization"
+        if e.share_planned:   # what fills the GPU beside the engine is what to change
+            room = e.engine_choice.room if e.engine_choice is not None else x.share
+            share_key = f"the plan's share, the room the job's other memory leaves it: {room / GIB:.1f} GiB"
+            beside = ADVICE[max(e.static, key=e.static.get)] if e.kind == "train" and e.static else \
+                "a smaller model or a GPU with more memory (hardware)"
+            advice = f"{beside}, or a lower max_new_tokens (the engine's max_model_len)"
         if e.trainer_at_start + x.share > total:
             out.append(f"job `{e.job}`: vLLM would refuse to start: the trainer holds {e.trainer_at_start / GIB:.1f} "
-                       f"GiB when its engine asks for {x.share / GIB:.1f} GiB ({e.engine_key}.gpu_memory_utilization) "
-                       f"of the {total / GIB:.0f} GiB device; change: a lower {e.engine_key}.gpu_memory_utilization")
+                       f"GiB when its engine asks for {x.share / GIB:.1f} GiB ({share_key}) of the {total / GIB:.0f} "
+                       "GiB device; change: " + (advice if e.share_planned else
+                                                  f"a lower {e.engine_key}.gpu_memory_utilization"))
         if not x.starts:
-            out.append(f"job `{e.job}`: vLLM would refuse to start: its KV pool ({x.share / GIB:.1f} GiB share - "
-                       f"{x.weights / GIB:.1f} weights - {x.profile_peak / GIB:.1f} profiling peak = "
-                       f"{x.pool / GIB:.1f} GiB) cannot hold one row of max_model_len {x.max_model_len} "
-                       f"({x.row / GIB:.2f} GiB); change: {advice}")
+            out.append(f"job `{e.job}`: vLLM would refuse to start: its KV pool ({x.share / GIB:.1f} GiB share "
+                       f"({share_key}) - {x.weights / GIB:.1f} weights - {x.profile_peak / GIB:.1f} profiling peak - "
+                       f"{x.cudagraph / GIB:.1f} CUDA graphs = {x.pool / GIB:.1f} GiB) cannot hold one row of "
+                       f"max_model_len {x.max_model_len} ({x.row / GIB:.2f} GiB); change: {advice}")
     return out
 
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from opdgrpo import schema
-from opdgrpo.cost import overheads
-from opdgrpo.cost.engine_memory import EngineStart, decode_seconds, engine_start
+from opdgrpo.cost import engine_share, overheads
+from opdgrpo.cost.engine_memory import EngineStart, decode_seconds
 from opdgrpo.cost.heldout import EvalSet, base_cap, base_sets, response_tokens, thinks
-from opdgrpo.cost.job_estimate import DTYPE_BYTES, VLLM_DEFAULT_SHARE, Hardware, JobEstimate
+from opdgrpo.cost.job_estimate import DTYPE_BYTES, Hardware, JobEstimate
 from opdgrpo.cost.memory_model import Shape, kv_cache_bytes, params
 from opdgrpo.cost.model import architecture, cost_block, lengths_for
 from opdgrpo.run_shape import train_settings
@@ -82,11 +82,13 @@ def estimate(cfg: Mapping[str, Any], job_id: str, kind: str, samplers: Sequence[
         est.host = 0.0
     starts: list[EngineStart | None] = [None] * len(shapes)
     if hw and settings is not None:   # the engine reserves its share; the weights and the KV pool live inside
-        reserved = float(settings.get("gpu_memory_utilization", VLLM_DEFAULT_SHARE)) * hw.device_bytes
+        # alone on its GPU: the usable memory is the engine's (the job's own model is on `meta`)
+        est.engine_choice, starts = engine_share.choose(
+            [s for s, _ in shapes], hw=hw, settings=settings, key="train.vllm_alone", room=hw.budget,
+            max_model_lens=[max(int(settings.get("max_model_len") or 0), prompt + x.cap) for _, x in shapes])
+        reserved = starts[0].share
         est.static = {"weights": min(2 * params(biggest), reserved)}   # the engine's bf16 copy
         est.phases = {"vLLM engine alone": reserved - est.static["weights"]}   # its KV-cache pool
-        starts = [engine_start(s, gpu_bytes=hw.device_bytes, settings=settings, max_model_len=max(
-            int(settings.get("max_model_len") or 0), prompt + x.cap)) for s, x in shapes]
         est.engine = min(starts, key=lambda e: e.pool - e.row)   # one engine at a time: the tightest decides
         est.engine_key = "train.vllm_alone"
     if hw:

@@ -15,7 +15,8 @@ def table(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
     hw = Hardware.of(cfg)
     comps = ["weights", "gradients", "optimizer", "teachers"]
     head = ("| job | GPUs | " + " | ".join(comps) + " | peak phase (GiB) | peak GiB / GPU | fits | host GiB / node | hours "
-            "| GPU-hours | allocations | vLLM rows at once |\n|---|---|" + "---|" * (len(comps) + 8))
+            "| GPU-hours | allocations | vLLM share | vLLM max_num_seqs | vLLM rows at once |\n|---|---|"
+            + "---|" * (len(comps) + 10))
     lines = [head]
     for e in estimates:
         cells = [f"{e.static.get(c, 0.0) / GIB:.1f}" for c in comps]
@@ -25,7 +26,8 @@ def table(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
         allocations = "-" if e.hours is None else str(e.attempts)
         lines.append(f"| {e.job} | {e.gpus} | " + " | ".join(cells) + f" | {e.peak_phase} "
                      f"({e.phases.get(e.peak_phase, 0.0) / GIB:.1f}) | {e.peak / GIB:.1f} | {fits} | {_host(e)} | {hours} "
-                     f"| {gpu_hours} | {allocations} | {_rows_at_once(e)} |")
+                     f"| {gpu_hours} | {allocations} | {_engine_setting(e, 'gpu_memory_utilization')} "
+                     f"| {_engine_setting(e, 'max_num_seqs')} | {_rows_at_once(e)} |")
     return "\n".join(lines)
 
 
@@ -38,6 +40,12 @@ def _host(e: JobEstimate) -> str:
 def _span(low: float, high: float | None, fmt: str) -> str:
     """``low``, or ``low-high`` where the high end is higher."""
     return format(low, fmt) if high is None or format(high, fmt) == format(low, fmt) else f"{low:{fmt}}-{high:{fmt}}"
+
+
+def _engine_setting(e: JobEstimate, name: str) -> str:
+    """The engine's ``gpu_memory_utilization`` or ``max_num_seqs`` and where it comes from: ``(plan)`` chosen per job
+    (:mod:`opdgrpo.cost.engine_share`), ``(set)`` by hand in conf or on the command line."""
+    return "-" if e.engine_choice is None else e.engine_choice.label(name)
 
 
 def _rows_at_once(e: JobEstimate) -> str:
@@ -127,12 +135,16 @@ def _where(cfg: Mapping[str, Any], hw: Hardware | None) -> str:
              + "; hours include held-out evaluations, code scoring, checkpoints and every attempt's start-up. 'vLLM "
                "rows at once': rows of the engine's max_model_len its KV pool holds after vLLM's start-up (its share "
                "less its weights, profiling peak and CUDA graphs; a pool short of one row is refused here, as vLLM "
-               "would refuse it). 'allocations': what a job needs of resources.<kind>.runtime at the high end")
+               "would refuse it). 'vLLM share' and 'vLLM max_num_seqs': the engine's gpu_memory_utilization and "
+               "max_num_seqs, '(plan)' where the plan chose them (the most rows of max_model_len that fit beside the "
+               "trainer's static memory, or alone on the GPU), '(set)' where conf or the command line sets them. "
+               "'allocations': what a job needs of resources.<kind>.runtime at the high end")
     on_cpus = sorted(kind for kind, block in (cfg.get("resources") or {}).items()
                      if isinstance(block, Mapping) and "gpu" in block and not block.get("gpu") and kind != "tokenizer")
     if on_cpus:   # e.g. the rehearsal: the paper's plan, run on CPUs
         where += (f"\n\nThis profile runs its {', '.join(on_cpus)} jobs on CPUs (resources.<kind>.gpu: 0): the figures "
-                  f"below are what its plan would need on the {hw.name} of its `hardware` block, not what it uses here.")
+                  f"below are what its plan would need on the {hw.name} of its `hardware` block, not what it uses here "
+                  "(the rules pass those jobs no planned engine share or max_num_seqs).")
     return where
 
 

@@ -18,7 +18,7 @@ import math
 from typing import Any, Mapping
 
 from opdgrpo.cost import overheads
-from opdgrpo.cost.engine_memory import EngineStart, decode_seconds
+from opdgrpo.cost.engine_memory import EngineStart, StepExtra, decode_seconds, processed_logprobs, step_extra
 from opdgrpo.cost.heldout import EvalSet, sets_of
 from opdgrpo.cost.job_estimate import Hardware, JobEstimate
 from opdgrpo.cost.memory_model import Shape, params
@@ -41,10 +41,34 @@ def _per_gpu(hw: Hardware, world: int) -> float:
     return world * hw.bf16_tflops * 1e12
 
 
+def sampler_extras(rc: Mapping[str, Any], student: Shape) -> tuple[StepExtra, StepExtra]:
+    """What vLLM's slow sampler path adds per row and decode step to a training job's (rollouts, evaluations)
+    (:func:`opdgrpo.cost.engine_memory.step_extra`): the path is taken where the engine runs under
+    ``processed_logprobs`` (rollouts at a ``train.temperature`` other than 1 with ``methods.grpo.engine_is_cap``:
+    :func:`~opdgrpo.cost.engine_memory.processed_logprobs`), for every sampling of the engine; it costs most where the
+    sampling cuts the distribution (evaluation's ``top_k``/``top_p``). On GPUs no request carries its own seed (the
+    engine draws every row from its own stream), so the seeded rows' loop is not priced."""
+    shape = RunShape.of(rc)
+    processed = processed_logprobs(shape.rollout.temperature, shape.method.get("engine_is_cap"))
+    ev = shape.evaluation
+    rollouts = step_extra(student, processed=processed, seeded=False, top_k_top_p=False, asks_logprobs=processed
+                          or shape.rollout.temperature == 1.0)
+    evaluation = step_extra(student, processed=processed, seeded=False, top_k_top_p=ev.top_k > 0 or ev.top_p < 1,
+                            asks_logprobs=False)
+    return rollouts, evaluation
+
+
+def _slow_note(est: JobEstimate, line: str, hours: float) -> None:
+    """Say what the slow sampler path costs a line, where it costs anything."""
+    if hours > 0:
+        est.notes.append(f"{line}: vLLM's slow sampler path (processed_logprobs: train.temperature other than 1 with "
+                         f"methods.grpo.engine_is_cap) adds {60 * hours:.1f} min at the high end")
+
+
 def add_steps(est: JobEstimate, run: RunEstimate, rc: Mapping[str, Any], hw: Hardware, engine: EngineStart | None,
-              mean: float) -> None:
+              mean: float, extra: StepExtra | None = None) -> None:
     """Rollouts, training passes and teachers, and the rollouts' code scoring; ``mean``: the longest domain's mean
-    response (the decode bound's)."""
+    response (the decode bound's); ``extra``: the slow sampler's cost per row and step (:func:`sampler_extras`)."""
     world, flops = est.gpus, run.flops
     shape = RunShape.of(rc, world)
     steps, new = max(1, shape.steps), shape.rollout.max_new_tokens
@@ -53,8 +77,12 @@ def add_steps(est: JobEstimate, run: RunEstimate, rc: Mapping[str, Any], hw: Har
     high = rollout
     calls = max(1, shape.shards // world)   # engine calls per GPU a step: one per shard it samples
     if engine is not None and hw.memory_tbps:
-        high = max(rollout, steps * calls * decode_seconds(engine, shape.rows_per_shard, new, mean, hw.memory_tbps,
-                                                           hw.decode_efficiency) / 3600)
+        def decode(x: StepExtra | None) -> float:
+            return steps * calls * decode_seconds(engine, shape.rows_per_shard, new, mean, hw.memory_tbps,
+                                                  hw.decode_efficiency, x) / 3600
+
+        high = max(rollout, decode(extra))
+        _slow_note(est, "rollouts", high - max(rollout, decode(None)))
     est.add("rollouts", rollout, high)
     passes = flops["train"] * recompute + flops["old_policy"] + flops["reference"]
     est.add("training passes", passes / hw.train_mfu / _per_gpu(hw, world) / 3600)
@@ -72,19 +100,23 @@ def add_steps(est: JobEstimate, run: RunEstimate, rc: Mapping[str, Any], hw: Har
 
 
 def add_evaluations(est: JobEstimate, rc: Mapping[str, Any], student: Shape, hw: Hardware,
-                    engine: EngineStart | None) -> None:
-    """Every held-out evaluation: per set, its rows over the processes (one engine call each), then code scoring."""
+                    engine: EngineStart | None, extra: StepExtra | None = None) -> None:
+    """Every held-out evaluation: per set, its rows over the processes (one engine call each), then code scoring;
+    ``extra``: the slow sampler's cost per row and step (:func:`sampler_extras`)."""
     shape = RunShape.of(rc, est.gpus)
     world, new, n = est.gpus, shape.evaluation.max_new_tokens, shape.evaluations
     peak = _per_gpu(hw, world) * hw.sampling_mfu
-    one = 0.0
+    one, slow = 0.0, 0.0
     for s in est.sets:
         share = math.ceil(s.rows / world)
         low = n * 2 * params(student) * s.rows * (s.prompt + s.response) / peak / 3600
         high = low
         if engine is not None and hw.memory_tbps:
-            high = max(low, n * decode_seconds(engine, share, new, s.response, hw.memory_tbps,
-                                               hw.decode_efficiency) / 3600)
+            def decode(x: StepExtra | None) -> float:
+                return n * decode_seconds(engine, share, new, s.response, hw.memory_tbps, hw.decode_efficiency, x) / 3600
+
+            high = max(low, decode(extra))
+            slow += high - max(low, decode(None))
         est.add("evaluation", low, high)
         code = [overheads.scoring_seconds(rc["domains"][s.domain], share, True, end) for end in (0, 1)]
         est.add("code scoring", n * code[0] / 3600, n * code[1] / 3600)
@@ -92,6 +124,7 @@ def add_evaluations(est: JobEstimate, rc: Mapping[str, Any], student: Shape, hw:
         est.waits["evaluation share"] = max(est.waits.get("evaluation share", 0.0), 3600 * high / n)
         est.waits["code scoring"] = max(est.waits.get("code scoring", 0.0), code[1])
     est.eval_s = one
+    _slow_note(est, "evaluation", slow)
 
 
 def add_checkpoints(est: JobEstimate, rc: Mapping[str, Any], student: Shape) -> None:

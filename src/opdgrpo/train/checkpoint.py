@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from opdgrpo.job_identity import RUNTIME_KEYS, canonical_names
+from opdgrpo.job_identity import RUNTIME_KEYS, canonical_names, without_engine_runtime
 from opdgrpo.runio import file_sha256
 from opdgrpo.train import faults
 from opdgrpo.train.finished import read_done, verify_finished
@@ -78,8 +78,9 @@ def run_identity(cfg: dict[str, Any]) -> str:
     the one the checkpoint was trained in is kept in its trainer state and compared with the one this process
     resolved (:func:`check_precision`), so switching ``auto`` to the value it had chosen resumes the run. Renamed keys
     are hashed by their old names (:func:`opdgrpo.job_identity.canonical_names`): a checkpoint written before a
-    rename still resumes."""
-    cfg = canonical_names(cfg)
+    rename still resumes. The engine's share and ``max_num_seqs`` are left out as the job's identity leaves them
+    (:func:`opdgrpo.job_identity.without_engine_runtime`): a resumed attempt whose plan chose other values resumes."""
+    cfg = without_engine_runtime(canonical_names(cfg))
     hashed = {**cfg, "train": {k: v for k, v in cfg["train"].items() if k not in NOT_IDENTITY_KEYS and k != "precision"}}
     return config_hash({"config": hashed, "upstream": upstream_fingerprint(cfg)})
 
