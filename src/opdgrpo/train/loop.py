@@ -611,9 +611,12 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
     run = Run(cfg, run_dir, workers, tokenizer, domains, pools, heldout, counts, PromptFormat.from_config(shared),
               student, model, optimizer, objective, identity, peak, subset, shape=shape,
               reference=_reference(cfg, shape, workers.device, attention, param_dtype))
+    # The engine starts before a resume moves Adam's state to the device: vLLM measures the free memory as it starts
+    # (gpu_memory_utilization is a share of the whole device), and the planner's `trainer_at_start` counts the
+    # trainer's weights and teachers then, as on a fresh start, never the optimizer state that comes after.
+    run.engine = _engine(run, int(state["step"]) if state else 0)
     if state:
         _resume(run, state)
-    run.engine = _engine(run, run.start)
     if run.main:
         write_yaml(run_dir / "config.yaml", cfg)
         run.progress = Progress(cfg["run_id"], shape.steps, run.start)
