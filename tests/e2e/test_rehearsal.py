@@ -94,6 +94,24 @@ def test_rehearsal_base_jobs_write_weightless_hub_directories_and_evaluate_them(
     assert chat.chat_template and "<|im_end|>" in chat.get_vocab() and len(own) != len(chat)
 
 
+def test_rehearsal_difficulty_job_samples_each_model_in_a_process_of_its_own(rehearsal_dag):
+    """S2's difficulty job under vLLM: the student's and the teacher's solve rates each sampled in a spawned process
+    of its own (one engine per process: two in one process do not give the GPU back on CUDA), both children of the
+    job's process, each engine alone (vLLM's own executor, local rank 0) at the job's longest row."""
+    plan = build_plan(compose(["profile=rehearsal"], REPO / "conf"))
+    (job,) = [j for j in plan.jobs.values() if j.kind == "difficulty"]
+    done = _json(rehearsal_dag.workdir / job.out_dir / "done.json")
+    samplers = done["samplers"]
+    assert set(samplers) == {"student", "teacher"} and done["counted"] is False
+    pids = {role: s["pid"] for role, s in samplers.items()}
+    assert pids["student"] != pids["teacher"], samplers
+    assert samplers["student"]["parent_pid"] == samplers["teacher"]["parent_pid"] not in pids.values(), samplers
+    for s in samplers.values():
+        assert (s["engine"]["backend"], s["engine"]["local_rank"], s["engine"]["engine_world"]) == ("uni", 0, 1)
+        assert s["engine"]["max_model_len"] < 2048 and s["engine"]["sleeps"] is False
+    assert min(done["selection_flops"].values()) > 0
+
+
 def test_rehearsal_resumes_the_killed_run(rehearsal_dag):
     """Killed in step 2's update (SIGKILL of one process: torchrun stops the other), the run kept its step-1
     checkpoint; the next ``snakemake`` resumed it: every step once."""

@@ -284,10 +284,11 @@ def _trainer_logprobs_grad(model, rollouts) -> torch.Tensor:
 
 
 def test_vllm_runs_the_difficulty_and_base_model_jobs(smoke_world, tmp_path):
-    """S2's difficulty job (two engines in turn in one process, on the checkpoints themselves) and a base model's
-    pretraining job (its evaluation) with ``engine: vllm``, as the plan passes it, write what their hf runs write.
-    The smoke teacher_m's head_dim (24) is one vLLM's CPU attention lacks: refused up front, naming it; the job
-    here samples the student as both roles instead."""
+    """S2's difficulty job (each model's engine in a spawned process of its own, on the checkpoints themselves) and a
+    base model's pretraining job (its evaluation) with ``engine: vllm``, as the plan passes it, write what their hf
+    runs write; the difficulty job's ``done.json`` adds where each model sampled: two processes, neither the job's,
+    each with one engine. The smoke teacher_m's head_dim (24) is one vLLM's CPU attention lacks: refused up front,
+    before either model samples, naming it; the job here samples the student as both roles instead."""
     from opdgrpo.stages.difficulty import select
     from opdgrpo.stages.pretrain import pretrain
 
@@ -306,8 +307,13 @@ def test_vllm_runs_the_difficulty_and_base_model_jobs(smoke_world, tmp_path):
             (select if kind == "difficulty" else pretrain)(cfg, out)
             done.setdefault(kind, {})[engine] = json.loads((out / "done.json").read_text())
             assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / f"{kind}-hf").iterdir())
-        assert set(done[kind]["vllm"]) == set(done[kind]["hf"]), kind
+        assert set(done[kind]["vllm"]) - {"samplers"} == set(done[kind]["hf"]), kind
     assert min(done["difficulty"]["vllm"]["selection_flops"].values()) > 0
+    samplers = done["difficulty"]["vllm"]["samplers"]
+    assert "samplers" not in done["difficulty"]["hf"] and set(samplers) == {"student", "teacher"}
+    pids = {samplers[role]["pid"] for role in samplers} | {os.getpid()}
+    assert len(pids) == 3 and {samplers[role]["parent_pid"] for role in samplers} == {os.getpid()}
+    assert all(samplers[role]["engine"]["backend"] == "uni" for role in samplers)
     assert [(r["eval_domain"], r["eval_set"]) for r in done["base"]["vllm"]["heldout"]] == \
         [(r["eval_domain"], r["eval_set"]) for r in done["base"]["hf"]["heldout"]]
 

@@ -107,7 +107,8 @@ def checkpoint_engine(cfg: Mapping[str, Any], path: str | Path, model: torch.nn.
     under ``engine: hf`` (or no key: the project's sampler on ``model``), else a vLLM engine on the checkpoint
     directory ``path`` itself (no copy), with the job's ``vllm`` settings, sized for the longest row of ``tasks``
     (:func:`longest_row`), awake throughout (no trainer shares its GPU) and shut down when the block ends: one
-    engine at a time. No request asks for log-probs (nothing here reads them), so the engine keeps
+    engine at a time in this process (S2's job samples each model in a process of its own,
+    :mod:`opdgrpo.stages.difficulty`). No request asks for log-probs (nothing here reads them), so the engine keeps
     vLLM's default ``logprobs_mode``. ``model`` gives the FLOP formulas' config. A weightless ``source: random``
     directory starts on vLLM's own random weights (``load_format="dummy"``): a random model of the same shape, not the
     same draw."""
