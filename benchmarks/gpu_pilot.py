@@ -254,7 +254,11 @@ def run_job(plan, job_id: str, logs: Path, deadline: float, *, gpu: bool, attemp
     cmd = command(job, Path(job.out_dir), processes)
     if job.kind == "train":
         cmd += ["--attempt", str(attempt)]
+    # as the rules export them (workflow/rules/common.smk): the runtime keys, and the DAG's one precision record, so
+    # `precision: auto` (the CPU preset) is decided once for every job; without it a resumed attempt measured `auto`
+    # again and, on a loaded machine, refused its bf16 checkpoint in fp32
     env = {**os.environ, job_identity.ENV: json.dumps(job_identity.runtime(j.config for j in plan.jobs.values())),
+           job_identity.PRECISION_RECORD_ENV: str((Path(plan.root) / "precision.json").absolute()),
            "OPDGRPO_FAULT": fault or ""}
     log = logs / f"{job_id}.{attempt}.log"
     left = deadline - time.time()
