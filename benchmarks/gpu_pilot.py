@@ -321,15 +321,19 @@ def job_records(out_dir: Path, log: Path) -> dict[str, Any]:
 # The whole pilot
 
 
-def expected(records: list[dict[str, Any]], plan, jobs: list[str] = JOBS, base_processes: int = 1) -> list[str]:
+def expected(records: list[dict[str, Any]], plan, jobs: list[str] = JOBS, base_processes: int = 1,
+             gpu: bool = False) -> list[str]:
     """What a finished pilot must show, as failures: every job done, the killed attempt killed and resumed (steps
     0 and 1 once each), vLLM engines placed under torchrun, the split base job over its processes, the difficulty
-    job's two models sampled in two processes of their own (under vLLM)."""
+    job's two models sampled in two processes of their own (under vLLM), and every engine's requests seeded on a
+    CPU only (``gpu``: vLLM's fast sampler), log-probs for the training rollouts only (raw at temperature 1)."""
     problems = []
     by = {(r["job"], r["attempt"]): r for r in records}
     selection = by.get((DIFFICULTY_JOB, 1))
     if selection is not None and selection["exit"] == 0 and plan.jobs[DIFFICULTY_JOB].config.get("engine") == "vllm":
-        problems += difficulty_problems(selection.get("done", {}).get("samplers") or {})
+        samplers = selection.get("done", {}).get("samplers") or {}
+        problems += difficulty_problems(samplers)
+        problems += policy_problems(DIFFICULTY_JOB, [s.get("engine", {}) for s in samplers.values()], gpu, None)
     split = by.get((SPLIT_JOB, 1))
     if split is not None and split["exit"] == 0 and split.get("done", {}).get("processes") != base_processes:
         problems.append(f"{SPLIT_JOB}: ran on {split.get('done', {}).get('processes')} processes, not {base_processes}")
@@ -353,7 +357,17 @@ def expected(records: list[dict[str, Any]], plan, jobs: list[str] = JOBS, base_p
         vllm = plan.jobs[OPD_RUN].config["train"].get("engine") == "vllm"
         if vllm and [e.get("backend") for e in engines] != ["external_launcher"]:
             problems.append(f"{OPD_RUN}: engine {engines} is not one external_launcher engine")
+        if vllm:
+            problems += policy_problems(OPD_RUN, engines, gpu, "raw_logprobs")
     return problems
+
+
+def policy_problems(job: str, engines: list[dict[str, Any]], gpu: bool, logprobs: str | None) -> list[str]:
+    """Engines whose sampling policy is not the one for their device: requests seeded on a CPU only, and the
+    training rollouts' log-probs ``logprobs`` (None: a job that asks for none)."""
+    want = {"requests_seeded": not gpu, "rollout_logprobs": logprobs}
+    got = [{k: e.get(k) for k in want} for e in engines]
+    return [f"{job}: an engine samples with {g}, not {want}" for g in got if g != want]
 
 
 def difficulty_problems(samplers: dict[str, Any]) -> list[str]:
@@ -445,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"(planner: {predicted.get(job, {}).get('peak_gib', '-')})", flush=True)
                 if record["exit"] != 0 and not fault:
                     raise RuntimeError(f"{job} failed (exit {record['exit']}); its log: {record['log']}")
-        problems = expected(result["jobs"], plan, jobs, args.base_processes)
+        problems = expected(result["jobs"], plan, jobs, args.base_processes, gpu=gpu)
         result["status"] = "complete" if not problems else "incomplete: " + "; ".join(problems)
         code = 5 if problems else 0
     except TimeGuard as err:

@@ -54,12 +54,15 @@ def test_cpu_preset_runs_the_pilot_jobs_kills_and_resumes_the_opd_run(tmp_path):
     assert selection["exit"] == 0 and len({samplers["student"]["pid"], samplers["teacher"]["pid"]}) == 2
     assert samplers["student"]["parent_pid"] == samplers["teacher"]["parent_pid"] != samplers["student"]["pid"]
     assert [samplers[role]["engine"]["backend"] for role in ("student", "teacher")] == ["uni", "uni"]
+    assert {(samplers[r]["engine"]["requests_seeded"], samplers[r]["engine"]["rollout_logprobs"]) for r in samplers} \
+        == {(True, None)}   # a CPU: seeded requests; S2 asks for no log-probs
     assert split["done"]["processes"] == 2 and [(e["backend"], e["local_rank"]) for e in split["done"]["engines"]] == \
         [("external_launcher", 0), ("external_launcher", 1)]
     assert killed["fault"] == "update:1" and killed["exit"] != 0 and [s["step"] for s in killed["steps"]] == [0]
     assert killed["checkpoint_seconds"] and killed["eval_seconds"]   # step 0's evaluation and checkpoint, then killed
     assert resumed["exit"] == 0 and [s["step"] for s in resumed["steps"]] == [0, 1]
     assert [e["backend"] for e in resumed["done"]["engines"]] == ["external_launcher"] and resumed["done"]["processes"] == 1
+    assert [(e["requests_seeded"], e["rollout_logprobs"]) for e in resumed["done"]["engines"]] == [(True, "raw_logprobs")]
     for step in resumed["steps"]:
         assert set(step["phase_s"]) == {"sample", "fixed_logprobs", "train"} and step["generated_tokens_per_s"] > 0
         assert step["flops"]["teacher"] > 0 and step["flops"]["train"] > 0

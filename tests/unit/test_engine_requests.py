@@ -177,6 +177,7 @@ def test_training_engine_arguments_and_each_calls_requests(placement, tmp_path):
         engine.sync(model, version=0)
         rollout = _rollout(engine, model)
         _evaluation(engine, model)
+    assert (engine.placement["requests_seeded"], engine.placement["rollout_logprobs"]) == (not cuda, RAW_LOGPROBS)
     rollout_requests, *evaluation_requests = engine.llm.requests
     assert [r["logprobs"] for r in rollout_requests] == [0, 0, 0] and rollout.rollouts.logprobs is not None
     assert all(r["logprobs"] is None for call in evaluation_requests for r in call)
@@ -229,6 +230,7 @@ def test_checkpoint_engines_of_s2_and_base_evaluation_ask_for_no_logprobs(placem
         args = engine.llm.args
         assert args["logprobs_mode"] == RAW_LOGPROBS and engine.logprobs_mode is None
         assert args["seed"] == 3 and args["enable_sleep_mode"] is False and "load_format" not in args
+        assert (engine.placement["requests_seeded"], engine.placement["rollout_logprobs"]) == (not cuda, None)
         rates, flops = solve_rates(model, _Tokenizer(), _Domain(), TASKS, k=2, temperature=0.6, top_p=0.95, top_k=20,
                                    max_new_tokens=4, batch_size=2, seed=0, engine=engine)
         _evaluation(engine, model)

@@ -165,7 +165,8 @@ def _world() -> tuple[int, int]:
 
 def _placement(rank: int, world: int, args: Mapping[str, Any]) -> dict[str, Any]:
     """Where vLLM put this rank's engine, as vLLM itself reports it: its executor, its world group's local rank (the
-    CUDA device index it takes on GPUs) and size, and ``max_model_len`` (recorded in the job's ``done.json``)."""
+    CUDA device index it takes on GPUs) and size, and ``max_model_len`` (recorded in the job's ``done.json``, with
+    the engine's ``requests_seeded`` and ``rollout_logprobs``)."""
     from vllm.distributed import parallel_state
 
     group = parallel_state.get_world_group()
@@ -289,7 +290,9 @@ class VLLMEngine:
         self.logprobs_mode = logprobs_mode
         with _process_state_kept():
             self.llm = vllm.LLM(model=str(model_dir), **args)
-        self.placement = _placement(rank, world, args)
+        # where vLLM put it, and how its requests sample (recorded in done.json: the rehearsal and the pilot check it)
+        self.placement = {**_placement(rank, world, args), "requests_seeded": self.seeded,
+                          "rollout_logprobs": logprobs_mode}
         log.info("vLLM engine, rank %d of %d: %s", rank, world, self.placement)
         self._params, self._prompt = vllm.SamplingParams, vllm.inputs.TokensPrompt
         self.version: Any = None
