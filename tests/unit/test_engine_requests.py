@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import json
 import types
 from pathlib import Path
 
@@ -108,10 +110,16 @@ def _model() -> torch.nn.Module:
                                         eos_token_id=1, attn_implementation="eager"))
 
 
-def _paper_run_config() -> dict:
-    """A paper GRPO run's config (temperature 1, ``engine_is_cap`` 3, ``engine: vllm``)."""
+@functools.lru_cache(maxsize=1)
+def _paper_grpo_config() -> str:
     plan = build_plan(compose(["profile=paper"]))
-    return next(j.config for j in plan.jobs.values() if j.kind == "train" and j.config["method"]["name"] == "grpo")
+    return json.dumps(next(j.config for j in plan.jobs.values()
+                           if j.kind == "train" and j.config["method"]["name"] == "grpo"))
+
+
+def _paper_run_config() -> dict:
+    """A paper GRPO run's config (temperature 1, ``engine_is_cap`` 3, ``engine: vllm``), planned once per session."""
+    return json.loads(_paper_grpo_config())
 
 
 def _training_engine(tmp_path: Path, start: int = 0, temperature: float | None = None, cap: float | None | str = "paper"):
