@@ -3,19 +3,26 @@ time per phase and peak device memory beside the planner's prediction for each j
 
 What runs is what a cluster runs, not a copy of it. The pilot composes ``profile=pilot`` (conf/profile/pilot.yaml:
 the rehearsal's fixtures and weightless ``source: random`` models at the shapes of Qwen3-4B-Base, an 8B teacher and
-Qwen3-32B), plans it with the project's planner, and starts five of its jobs with the commands the Snakemake rules
-run (``opdgrpo.cli``; the training job under torchrun, as the SLURM profile launches it), in this order, the path
-that failed on first GPU contact first:
+Qwen3-32B), plans it with the project's planner, and starts six of its jobs with the commands the Snakemake rules
+run (``opdgrpo.cli``; the training job under torchrun, as the SLURM profile launches it), in this order, the paths
+that fail on first GPU contact first:
 
 1. ``tokenizer``;
 2. ``base-student`` and 3. ``base-teacher_8b``: each writes its weightless model directory and evaluates it with a
-   vLLM engine alone on the GPU (awake, ``train.vllm_alone``, started at the paper's row length): the OPD run's inputs;
-4. ``opd-teacher_8b-code-s0``: S1's OPD run, FSDP2 on one process, the colocated vLLM engine (sleep, wake, weight
+   vLLM engine alone on the GPU (awake, ``train.vllm_alone``, started at the paper's row length): the OPD run's and
+   the difficulty job's inputs;
+4. ``difficulty-math-teacher_8b``: S2's solve rates (2 prompts x 2 answers per model): the student's engine, then
+   the thinking teacher's (temperature 0.6, top-k 20, top-p 0.95: vLLM's FlashInfer sampler), each at
+   ``vllm_alone``'s 0.9 of the GPU in a spawned process of its own, the second started after the first process
+   exited (two engines in one process were refused: the first does not give back all its memory). The pilot checks
+   the two processes in its ``done.json``;
+5. ``opd-teacher_8b-code-s0``: S1's OPD run, FSDP2 on one process, the colocated vLLM engine (sleep, wake, weight
    sync from the shards), bf16, packing, logit chunks; its first act is the step-0 evaluation under vLLM, with the
    trainer's CUDA generator (the draw that crashed every training job before it named its device). Killed by SIGKILL
-   in step 1's update (after step 0's checkpoint, ``OPDGRPO_FAULT=update:1``), then started again: it resumes,
-   trains step 1, evaluates and writes its final checkpoint;
-5. ``base-model_32b``: the 32B base evaluation, split over every GPU the machine has (``--base-processes``: torchrun,
+   in step 1's update (after step 0's checkpoint, ``OPDGRPO_FAULT=update:1``), then started again: it resumes
+   (its engine starting before Adam's state returns to the GPU), trains step 1, evaluates and writes its final
+   checkpoint;
+6. ``base-model_32b``: the 32B base evaluation, split over every GPU the machine has (``--base-processes``: torchrun,
    one engine per GPU, each set's rows in contiguous shares, as the rule runs a base job with ``resources.base.gpu``
    GPUs); on the CPU preset over 2 processes.
 
@@ -26,7 +33,7 @@ tree's peak RSS) and the planner's prediction for the same job (``opdgrpo resour
 vLLM would start). Before anything runs, the plan is checked against the device's own memory: on a GPU too small for
 the jobs it exits 2 naming each job that would not fit.
 
-    timeout 480 python benchmarks/gpu_pilot.py --json results/gpu_pilot.json     # one GPU (H200: about 6 minutes)
+    timeout 570 python benchmarks/gpu_pilot.py --json results/gpu_pilot.json     # one GPU (H200: about 7-8 minutes)
     python benchmarks/gpu_pilot.py --cpu-smoke --json /tmp/p.json                 # the same jobs at toy shapes on CPU
 
 The kill and resume keep two checkpoints of the student on disk at once (the one resumed from and the new one written
@@ -60,8 +67,10 @@ import common
 REPO = common.REPO
 SCHEMA = "opdgrpo.gpu_pilot/2"
 OPD_RUN, KILLED_AT = "opd-teacher_8b-code-s0", 1
+#: S2's difficulty job: each model's solve rates sampled in a process of its own.
+DIFFICULTY_JOB = "difficulty-math-teacher_8b"
 #: The jobs, in order (the OPD run twice: killed after its first checkpoint, then resumed).
-JOBS = ["tokenizer", "base-student", "base-teacher_8b", OPD_RUN, "base-model_32b"]
+JOBS = ["tokenizer", "base-student", "base-teacher_8b", DIFFICULTY_JOB, OPD_RUN, "base-model_32b"]
 #: The base job split over the machine's GPUs (the others run on one, as they only feed the OPD run).
 SPLIT_JOB = "base-model_32b"
 #: --cpu-smoke: the same profile and jobs, models and lengths small enough for two cores. The embeddings keep more
@@ -76,7 +85,7 @@ CPU_OVERRIDES = [
 ]
 #: --engine hf: sample with the project's sampler, and drop the keys only a vLLM engine reads.
 WITHOUT_VLLM = ("train.engine=hf", "~train.vllm", "~train.vllm_alone", "methods.grpo.engine_is_cap=null")
-PRESETS = {"gpu": {"overrides": [], "max_seconds": 450}, "cpu": {"overrides": CPU_OVERRIDES, "max_seconds": 900}}
+PRESETS = {"gpu": {"overrides": [], "max_seconds": 540}, "cpu": {"overrides": CPU_OVERRIDES, "max_seconds": 900}}
 GIB = 2**30
 
 
@@ -87,7 +96,7 @@ class TimeGuard(RuntimeError):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu-smoke", action="store_true", help="the CPU preset: the same jobs at toy shapes")
-    p.add_argument("--max-seconds", type=float, help="time guard over the whole pilot (GPU 450, under a `timeout 480`)")
+    p.add_argument("--max-seconds", type=float, help="time guard over the whole pilot (GPU 540, under a `timeout 570`)")
     p.add_argument("--workdir", type=Path, help="where the jobs write (default: a temporary directory, removed)")
     p.add_argument("--json", type=Path, default=REPO / "results" / "gpu_pilot.json")
     p.add_argument("--plan-only", action="store_true", help="print the planner's predictions for the jobs and stop")
@@ -238,7 +247,8 @@ class MemoryPoll:
 
 def command(job, out_dir: Path, processes: int = 1) -> list[str]:
     """The rule's command for ``job`` (workflow/rules/*.smk): training under torchrun, one process; a base job under
-    torchrun with ``processes`` processes where it is more than one (``resources.base.gpu``)."""
+    torchrun with ``processes`` processes where it is more than one (``resources.base.gpu``); the difficulty job as
+    one process (which spawns one per model)."""
     from opdgrpo import job_identity
 
     cfg = json.dumps(job_identity.identity(job.config), sort_keys=True)
@@ -249,6 +259,8 @@ def command(job, out_dir: Path, processes: int = 1) -> list[str]:
     if job.kind == "base":
         launch = [*torchrun, str(processes), "-m"] if processes > 1 else py
         return [*launch, "opdgrpo.cli", "pretrain", "--out", str(out_dir), "--config-json", cfg]
+    if job.kind == "difficulty":
+        return [*py, "opdgrpo.cli", "difficulty", "--out", str(out_dir), "--config-json", cfg]
     return [*torchrun, "1", "-m", "opdgrpo.cli", "train", "--out", str(out_dir), "--config-json", cfg]
 
 
@@ -262,7 +274,11 @@ def run_job(plan, job_id: str, logs: Path, deadline: float, *, gpu: bool, attemp
     cmd = command(job, Path(job.out_dir), processes)
     if job.kind == "train":
         cmd += ["--attempt", str(attempt)]
+    # as the rules export them (workflow/rules/common.smk): the runtime keys, and the DAG's one precision record, so
+    # `precision: auto` (the CPU preset) is decided once for every job; without it a resumed attempt measured `auto`
+    # again and, on a loaded machine, refused its bf16 checkpoint in fp32
     env = {**os.environ, job_identity.ENV: json.dumps(job_identity.runtime(j.config for j in plan.jobs.values())),
+           job_identity.PRECISION_RECORD_ENV: str((Path(plan.root) / "precision.json").absolute()),
            job_identity.ENGINE_ENV: engine, "OPDGRPO_FAULT": fault or ""}
     log = logs / f"{job_id}.{attempt}.log"
     left = deadline - time.time()
@@ -305,7 +321,7 @@ def job_records(out_dir: Path, log: Path) -> dict[str, Any]:
     if done.is_file():
         summary = json.loads(done.read_text())
         out["done"] = {k: summary[k] for k in ("steps", "wall_s", "parameters", "engines", "processes",
-                                               "cuda_max_memory_reserved_bytes") if k in summary}
+                                               "cuda_max_memory_reserved_bytes", "samplers") if k in summary}
     return out
 
 
@@ -313,11 +329,19 @@ def job_records(out_dir: Path, log: Path) -> dict[str, Any]:
 # The whole pilot
 
 
-def expected(records: list[dict[str, Any]], plan, jobs: list[str] = JOBS, base_processes: int = 1) -> list[str]:
+def expected(records: list[dict[str, Any]], plan, jobs: list[str] = JOBS, base_processes: int = 1,
+             gpu: bool = False) -> list[str]:
     """What a finished pilot must show, as failures: every job done, the killed attempt killed and resumed (steps
-    0 and 1 once each), vLLM engines placed under torchrun, the split base job over its processes."""
+    0 and 1 once each), vLLM engines placed under torchrun, the split base job over its processes, the difficulty
+    job's two models sampled in two processes of their own (under vLLM), and every engine's requests seeded on a
+    CPU only (``gpu``: vLLM's fast sampler), log-probs for the training rollouts only (raw at temperature 1)."""
     problems = []
     by = {(r["job"], r["attempt"]): r for r in records}
+    selection = by.get((DIFFICULTY_JOB, 1))
+    if selection is not None and selection["exit"] == 0 and plan.jobs[DIFFICULTY_JOB].config.get("engine") == "vllm":
+        samplers = selection.get("done", {}).get("samplers") or {}
+        problems += difficulty_problems(samplers)
+        problems += policy_problems(DIFFICULTY_JOB, [s.get("engine", {}) for s in samplers.values()], gpu, None)
     split = by.get((SPLIT_JOB, 1))
     if split is not None and split["exit"] == 0 and split.get("done", {}).get("processes") != base_processes:
         problems.append(f"{SPLIT_JOB}: ran on {split.get('done', {}).get('processes')} processes, not {base_processes}")
@@ -341,7 +365,29 @@ def expected(records: list[dict[str, Any]], plan, jobs: list[str] = JOBS, base_p
         vllm = plan.jobs[OPD_RUN].config["train"].get("engine") == "vllm"
         if vllm and [e.get("backend") for e in engines] != ["external_launcher"]:
             problems.append(f"{OPD_RUN}: engine {engines} is not one external_launcher engine")
+        if vllm:
+            problems += policy_problems(OPD_RUN, engines, gpu, "raw_logprobs")
     return problems
+
+
+def policy_problems(job: str, engines: list[dict[str, Any]], gpu: bool, logprobs: str | None) -> list[str]:
+    """Engines whose sampling policy is not the one for their device: requests seeded on a CPU only, and the
+    training rollouts' log-probs ``logprobs`` (None: a job that asks for none)."""
+    want = {"requests_seeded": not gpu, "rollout_logprobs": logprobs}
+    got = [{k: e.get(k) for k in want} for e in engines]
+    return [f"{job}: an engine samples with {g}, not {want}" for g in got if g != want]
+
+
+def difficulty_problems(samplers: dict[str, Any]) -> list[str]:
+    """The difficulty job's ``samplers`` record: the student and the teacher each sampled in a process of its own,
+    both children of the job's process, each with one engine."""
+    if set(samplers) != {"student", "teacher"}:
+        return [f"{DIFFICULTY_JOB}: its done.json records samplers {sorted(samplers)}, not the student's and the teacher's"]
+    pids = [samplers[role]["pid"] for role in ("student", "teacher")]
+    parents = {samplers[role]["parent_pid"] for role in ("student", "teacher")}
+    if len(set(pids)) != 2 or len(parents) != 1 or parents & set(pids):
+        return [f"{DIFFICULTY_JOB}: the two models did not sample in two processes of their own ({samplers})"]
+    return []
 
 
 def table(result: dict[str, Any]) -> str:
@@ -421,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"(planner: {predicted.get(job, {}).get('peak_gib', '-')})", flush=True)
                 if record["exit"] != 0 and not fault:
                     raise RuntimeError(f"{job} failed (exit {record['exit']}); its log: {record['log']}")
-        problems = expected(result["jobs"], plan, jobs, args.base_processes)
+        problems = expected(result["jobs"], plan, jobs, args.base_processes, gpu=gpu)
         result["status"] = "complete" if not problems else "incomplete: " + "; ".join(problems)
         code = 5 if problems else 0
     except TimeGuard as err:

@@ -63,6 +63,12 @@ def test_rehearsal_trains_on_two_processes_each_with_its_own_engine(rehearsal_da
         assert [(e["rank"], e["backend"], e["local_rank"], e["engine_world"]) for e in engines] == \
             [(0, "external_launcher", 0, 2), (1, "external_launcher", 1, 2)], job.id
         assert len({e["max_model_len"] for e in engines}) == 1 and engines[0]["max_model_len"] < 2048, engines
+        # CPU engines: each request seeded; rollouts at temperature 1 read vLLM's raw log-probs (the processed ones
+        # there), so every step logs the engine/trainer gap, and GRPO (engine_is_cap 3) its importance weights
+        assert {(e["requests_seeded"], e["rollout_logprobs"]) for e in engines} == {(True, "raw_logprobs")}, engines
+        for line in (json.loads(x) for x in (run_dir / "ledger.jsonl").read_text().splitlines() if x.strip()):
+            assert "engine_logprob_diff_mean" in line["metrics"], (job.id, line["step"])
+            assert ("engine_is_weight_mean" in line["metrics"]) == (job.config["method"]["name"] == "grpo"), job.id
         assert _steps(run_dir) == list(range(job.config["method"]["steps"])), job.id
         evals = [json.loads(line) for line in (run_dir / "evals.jsonl").read_text().splitlines() if line.strip()]
         assert evals and all(0.0 <= r["accuracy"] <= 1.0 for r in evals[-1]["results"])
@@ -92,6 +98,25 @@ def test_rehearsal_base_jobs_write_weightless_hub_directories_and_evaluate_them(
     chat = AutoTokenizer.from_pretrained(str(base / "student" / "checkpoint"))
     own = AutoTokenizer.from_pretrained(str(base / "student_olmo3" / "checkpoint"))
     assert chat.chat_template and "<|im_end|>" in chat.get_vocab() and len(own) != len(chat)
+
+
+def test_rehearsal_difficulty_job_samples_each_model_in_a_process_of_its_own(rehearsal_dag):
+    """S2's difficulty job under vLLM: the student's and the teacher's solve rates each sampled in a spawned process
+    of its own (one engine per process: two in one process do not give the GPU back on CUDA), both children of the
+    job's process, each engine alone (vLLM's own executor, local rank 0) at the job's longest row."""
+    plan = build_plan(compose(["profile=rehearsal"], REPO / "conf"))
+    (job,) = [j for j in plan.jobs.values() if j.kind == "difficulty"]
+    done = _json(rehearsal_dag.workdir / job.out_dir / "done.json")
+    samplers = done["samplers"]
+    assert set(samplers) == {"student", "teacher"} and done["counted"] is False
+    pids = {role: s["pid"] for role, s in samplers.items()}
+    assert pids["student"] != pids["teacher"], samplers
+    assert samplers["student"]["parent_pid"] == samplers["teacher"]["parent_pid"] not in pids.values(), samplers
+    for s in samplers.values():
+        assert (s["engine"]["backend"], s["engine"]["local_rank"], s["engine"]["engine_world"]) == ("uni", 0, 1)
+        assert s["engine"]["max_model_len"] < 2048 and s["engine"]["sleeps"] is False
+        assert (s["engine"]["requests_seeded"], s["engine"]["rollout_logprobs"]) == (True, None)   # asks for none
+    assert min(done["selection_flops"].values()) > 0
 
 
 def test_rehearsal_resumes_the_killed_run(rehearsal_dag):

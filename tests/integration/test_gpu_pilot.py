@@ -1,8 +1,9 @@
-"""The GPU pilot (``benchmarks/gpu_pilot.py``) on CPU, its preset for CI: the five jobs of ``profile=pilot`` at toy
+"""The GPU pilot (``benchmarks/gpu_pilot.py``) on CPU, its preset for CI: the six jobs of ``profile=pilot`` at toy
 shapes through the rules' own commands (training under torchrun, FSDP2 on one process, vLLM under
-``external_launcher``, its step-0 evaluation first), the OPD run killed after its first checkpoint and resumed, the
-32B-shaped base evaluation split over 2 processes with an engine each; the refusal of a GPU too small for the paper
-shapes; the time guard. About 2-3 minutes on 2 cores."""
+``external_launcher``, its step-0 evaluation first), S2's difficulty job with each model's engine in a process of
+its own, the OPD run killed after its first checkpoint and resumed, the 32B-shaped base evaluation split over 2
+processes with an engine each; the refusal of a GPU too small for the paper shapes; the time guard. About 3 minutes
+on 2 cores."""
 
 from __future__ import annotations
 
@@ -46,21 +47,28 @@ def test_cpu_preset_runs_the_pilot_jobs_kills_and_resumes_the_opd_run(tmp_path):
     result = json.loads(out.read_text())
     assert result["schema"] == "opdgrpo.gpu_pilot/2" and result["status"] == "complete"
     jobs = [(r["job"], r["attempt"]) for r in result["jobs"]]
-    assert jobs == [("tokenizer", 1), ("base-student", 1), ("base-teacher_8b", 1), ("opd-teacher_8b-code-s0", 1),
-                    ("opd-teacher_8b-code-s0", 2), ("base-model_32b", 1)]
-    killed, resumed, split = result["jobs"][-3:]
+    assert jobs == [("tokenizer", 1), ("base-student", 1), ("base-teacher_8b", 1), ("difficulty-math-teacher_8b", 1),
+                    ("opd-teacher_8b-code-s0", 1), ("opd-teacher_8b-code-s0", 2), ("base-model_32b", 1)]
+    selection, killed, resumed, split = result["jobs"][-4:]
+    samplers = selection["done"]["samplers"]   # one process per model, each the job's child, each with one engine
+    assert selection["exit"] == 0 and len({samplers["student"]["pid"], samplers["teacher"]["pid"]}) == 2
+    assert samplers["student"]["parent_pid"] == samplers["teacher"]["parent_pid"] != samplers["student"]["pid"]
+    assert [samplers[role]["engine"]["backend"] for role in ("student", "teacher")] == ["uni", "uni"]
+    assert {(samplers[r]["engine"]["requests_seeded"], samplers[r]["engine"]["rollout_logprobs"]) for r in samplers} \
+        == {(True, None)}   # a CPU: seeded requests; S2 asks for no log-probs
     assert split["done"]["processes"] == 2 and [(e["backend"], e["local_rank"]) for e in split["done"]["engines"]] == \
         [("external_launcher", 0), ("external_launcher", 1)]
     assert killed["fault"] == "update:1" and killed["exit"] != 0 and [s["step"] for s in killed["steps"]] == [0]
     assert killed["checkpoint_seconds"] and killed["eval_seconds"]   # step 0's evaluation and checkpoint, then killed
     assert resumed["exit"] == 0 and [s["step"] for s in resumed["steps"]] == [0, 1]
     assert [e["backend"] for e in resumed["done"]["engines"]] == ["external_launcher"] and resumed["done"]["processes"] == 1
+    assert [(e["requests_seeded"], e["rollout_logprobs"]) for e in resumed["done"]["engines"]] == [(True, "raw_logprobs")]
     for step in resumed["steps"]:
         assert set(step["phase_s"]) == {"sample", "fixed_logprobs", "train"} and step["generated_tokens_per_s"] > 0
         assert step["flops"]["teacher"] > 0 and step["flops"]["train"] > 0
     for record in result["jobs"]:
         assert record["seconds"] > 0 and record["peak_memory_gib"] > 0, record
-    for job in ("base-model_32b", "base-student", "base-teacher_8b", "opd-teacher_8b-code-s0"):
+    for job in ("base-model_32b", "base-student", "base-teacher_8b", "difficulty-math-teacher_8b", "opd-teacher_8b-code-s0"):
         assert result["predicted"][job]["peak_gib"] > 0, job
         assert result["predicted"][job]["engine_starts"] is True, job
     base = tmp_path / "w" / "results" / "pilot" / "base" / "model_32b" / "checkpoint"

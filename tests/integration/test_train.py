@@ -345,10 +345,21 @@ def test_a_checkpoint_whose_history_was_lost_is_not_resumed(smoke_world, tmp_pat
     assert [r["step"] for r in read_jsonl(run_dir / "ledger.jsonl")] == [0, 1]
 
 
-def test_a_resume_keeps_the_arithmetic_it_started_in(smoke_world, tmp_path):
+def test_a_resume_keeps_the_arithmetic_it_started_in(smoke_world, tmp_path, monkeypatch):
     """The resolved precision is in the checkpoint: a resume that would compute in another one refuses, naming the key
-    and the value that resumes it; that value then resumes (the setting itself is not the run's identity)."""
+    and the value that resumes it; that value then resumes (the setting itself is not the run's identity). The
+    resume starts its sampling engine before Adam's state is loaded (what vLLM's start-up memory check sees is a
+    fresh start's), with the attempt's first step for the engine's seed."""
+    from opdgrpo.train import loop
     from opdgrpo.train.checkpoint import ResumeRefused
+
+    starts, build = [], loop._engine
+
+    def engine_recorded(run, start):
+        starts.append((start, len(run.optimizer.state)))   # Adam's state on the device when the engine starts
+        return build(run, start)
+
+    monkeypatch.setattr(loop, "_engine", engine_recorded)
 
     _, plan = smoke_world
     cfg = _config(plan, "grpo-student-math-s0", tmp_path, steps=2)
@@ -365,6 +376,7 @@ def test_a_resume_keeps_the_arithmetic_it_started_in(smoke_world, tmp_path):
     cfg["train"]["precision"] = "fp32"
     train(cfg, run_dir)
     assert (run_dir / "ledger.jsonl").read_text() == before and (run_dir / "done.json").is_file()
+    assert starts[0] == (0, 0) and starts[-1] == (2, 0)   # the resume: at step 2, before the optimizer state
 
 
 def test_difficulty_selection_then_training_on_one_subset(smoke_world, tmp_path):

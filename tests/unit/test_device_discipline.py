@@ -125,7 +125,8 @@ def _engine(llm: _FakeLLM) -> VLLMEngine:
     engine.config = Qwen3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                 num_attention_heads=2, num_key_value_heads=1, head_dim=8)
     engine.device, engine.llm, engine.version = torch.device("cpu"), llm, None
-    engine.sleeps, engine.sleep_level, engine._held, engine._sleeping, engine._discarded = False, 2, False, set(), False
+    engine.sleeps, engine.sleep_level, engine._held, engine._sleeping, engine._unsynced = False, 2, False, set(), None
+    engine.seeded, engine.logprobs_mode = True, None   # a CPU engine: each request seeded from the caller's generator
     engine._params, engine._prompt = (lambda **kw: kw), (lambda prompt_token_ids: prompt_token_ids)
     return engine
 
@@ -177,6 +178,6 @@ def test_a_level_two_sleep_leaves_no_weights_to_sample():
     engine = _engine(_FakeLLM())
     engine.sleeps, engine.llm.sleep = True, lambda level: None
     engine._sleep()
-    assert engine.version is None and engine._discarded
+    assert engine.version is None and engine._unsynced
     with pytest.raises(RuntimeError, match="sleep_level"):
         engine.sample([[5]], max_new_tokens=2, eos_token_id=1, pad_token_id=0)

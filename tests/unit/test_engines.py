@@ -226,7 +226,7 @@ def _sleeping_engine(level: int = 2):
 
     engine = VLLMEngine.__new__(VLLMEngine)
     engine.llm, engine.sleeps, engine.version, engine._sleeping, engine._held = _RecordedLLM(), True, None, set(), False
-    engine.sleep_level, engine._discarded = level, False
+    engine.sleep_level, engine._unsynced, engine.seeded, engine.logprobs_mode = level, None, False, None
     engine.config = Qwen3Config(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                                 num_attention_heads=2, num_key_value_heads=1, head_dim=4)
     engine.device = torch.device("cpu")

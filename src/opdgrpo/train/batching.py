@@ -19,6 +19,8 @@ SEED_STRIDE, SHARD_STRIDE = 1_000_003, 7_919_113
 #: Offset of the evaluation streams from the rollout streams of the same step (an evaluation at step t must not
 #: sample with the generator of step t's first rollout shard).
 EVAL_OFFSET = 7
+#: Offset of an attempt's engine stream (:func:`engine_seed`) from the rollout and evaluation streams.
+ENGINE_OFFSET = 104_729
 
 
 def domain_counts(pools: dict[str, list[Task]], prompts_per_step: int, mix: str) -> dict[str, int]:
@@ -69,3 +71,11 @@ def rollout_seed(seed: int, step: int, shard: int) -> int:
 
 def eval_seed(seed: int, step: int) -> int:
     return seed * SEED_STRIDE + step + EVAL_OFFSET
+
+
+def engine_seed(seed: int, start: int) -> int:
+    """A training job's vLLM engine seed (``vllm.LLM(seed=...)``): the run's ``seed`` and the step its attempt starts
+    at, so a resumed attempt does not replay the first attempt's stream. On CUDA the engine's rows draw from that
+    stream (no request carries a seed of its own: docs/design-notes.md, "The vLLM engine"); on CPUs every request is
+    seeded from the run's generators and the engine's seed changes no sample. Under 2**31: vLLM seeds numpy with it."""
+    return (seed * SEED_STRIDE + start + ENGINE_OFFSET) % 2**31

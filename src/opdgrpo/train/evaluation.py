@@ -12,7 +12,8 @@ consecutive rows as keep ``rows x (longest prompt + max_new_tokens)`` KV-cache p
 results (temperature 0) do not depend on the batching; sampled ones do, as a generator's draws depend on the batch
 shapes it samples: a given batching is reproducible, and another one samples other (equally distributed) answers.
 Under ``train.engine: vllm`` a set's rows go to the engine in one call (one per process), which schedules its own
-batches by its KV-cache budget; each row's seed comes from the one generator draw of that call.
+batches by its KV-cache budget; on CPUs each row's seed comes from the one generator draw of that call, on GPUs rows
+carry no seed (the engine's own stream: docs/design-notes.md, "The vLLM engine"), and no row asks for log-probs.
 """
 
 from __future__ import annotations

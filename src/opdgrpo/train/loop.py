@@ -12,8 +12,10 @@ FLOPs of every component (one line per sampled batch, whatever the number of upd
 the step's learning rate (``method.warmup_steps`` counts steps). Held-out avg@k at step 0, every ``eval_every``
 steps and at the end; a checkpoint every ``checkpoint_every`` steps. A rerun resumes from the newest checkpoint of
 the same run, dropping ledger and eval lines written after it, so no step is counted twice; everything random is
-seeded by (seed, step), so a resumed run repeats exactly
-what it would have done.
+seeded by (seed, step), so a resumed run repeats exactly what it would have done, except where a vLLM engine samples
+on a GPU: there requests carry no seed of their own (vLLM's fast sampler), the engine's stream is seeded by (seed,
+the attempt's first step), and a resumed run samples other rows from the same distribution (docs/design-notes.md,
+"The vLLM engine").
 
 Non-finite values (rewards, student logits, teacher logits, the loss, the gradient norm) are checked where each
 phase ends (:class:`NonFiniteCheck`); ``train.nonfinite`` says whether such a step stops the run (``stop``, the default; the
@@ -42,7 +44,7 @@ from opdgrpo.subsets import restrict_to_subset
 from opdgrpo.tracking import Tracker
 from opdgrpo.train import faults, fsdp, numerics
 from opdgrpo.train import flops as flop_formulas
-from opdgrpo.train.batching import batch_tasks, domain_counts, eval_seed, rollout_seed, shard_bounds
+from opdgrpo.train.batching import batch_tasks, domain_counts, engine_seed, eval_seed, rollout_seed, shard_bounds
 from opdgrpo.train.checkpoint import check_precision, clear_run, expected_save_seconds, history_gaps, restore_rng, resume_point, run_identity, save_checkpoint
 from opdgrpo.train.distributed import Workers
 from opdgrpo.train.evaluation import evaluate, heldout_for
@@ -327,7 +329,7 @@ def _sample(run: Run, step: int, stats: StepStats, guard: NonFiniteCheck) -> lis
             with autocast(run.shape.precision, device.type):
                 scored = sample_and_score(policy, run.tokenizer, run.domains, tasks, max_new_tokens=rollout.max_new_tokens,
                                           temperature=rollout.temperature, generator=generator, fmt=run.fmt,
-                                          engine=run.engine, with_rewards=stats.scored)
+                                          engine=run.engine, engine_logprobs=True, with_rewards=stats.scored)
             stats.flops["rollout"] += scored.rollouts.flops
             if stats.scored:
                 scored.rewards = guard.check(scored.rewards, "rewards")
@@ -634,9 +636,12 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
     run = Run(cfg, run_dir, workers, tokenizer, domains, pools, heldout, counts, PromptFormat.from_config(shared),
               student, model, optimizer, objective, identity, peak, subset, shape=shape,
               reference=_reference(cfg, shape, workers.device, attention, param_dtype))
+    # The engine starts before a resume moves Adam's state to the device: vLLM measures the free memory as it starts
+    # (gpu_memory_utilization is a share of the whole device), and the planner's `trainer_at_start` counts the
+    # trainer's weights and teachers then, as on a fresh start, never the optimizer state that comes after.
+    run.engine = _engine(run, int(state["step"]) if state else 0)
     if state:
         _resume(run, state)
-    run.engine = _engine(run)
     if run.main:
         write_yaml(run_dir / "config.yaml", cfg)
         run.progress = Progress(cfg["run_id"], shape.steps, run.start)
@@ -659,15 +664,19 @@ def _time_limit(run: Run) -> TimeLimit | None:
     return limit
 
 
-def _engine(run: Run):
+def _engine(run: Run, start: int):
     """``train.engine``: None for ``hf`` (the sampler runs on the policy itself); for ``vllm`` an engine in this
-    process on the policy's weights as they are now (the initial student, or the checkpoint resumed), sized for the
-    job's longest row (its longest training or held-out prompt + ``max_new_tokens``); its config and tokenizer go to
-    the run directory's ``.engine/`` scratch folder, which :func:`_close_engine` removes when the job ends."""
+    process for the policy (its weights come with the first sync, before the first sampling), sized for the job's
+    longest row (its longest training or held-out prompt + ``max_new_tokens``), seeded by the run's seed and the
+    attempt's first step ``start`` (:func:`~opdgrpo.train.batching.engine_seed`), its log-probs as the rollouts'
+    temperature and ``method.engine_is_cap`` ask (:func:`~opdgrpo.train.engines.vllm_engine.rollout_logprobs_mode`);
+    its config and tokenizer go to the run directory's ``.engine/`` scratch folder, which :func:`_close_engine`
+    removes when the job ends."""
     name = run.shape.engine
     if name == "hf":
         return None
     from opdgrpo.train.engines import build_engine, longest_row
+    from opdgrpo.train.engines.vllm_engine import rollout_logprobs_mode
 
     tasks = [t for pool in run.pools.values() for t in pool]
     tasks += [t for sets in run.heldout.values() for s in sets.values() for t in s]
@@ -675,7 +684,9 @@ def _engine(run: Run):
     scratch = run.run_dir / ".engine" / f"rank{run.workers.rank}"
     with run.workers.full_params(run.model) as policy:
         return build_engine(name, policy, run.tokenizer, scratch=scratch, settings=run.shape.settings["vllm"],
-                            max_len=max_len, seed=int(run.cfg["seed"]))
+                            max_len=max_len, seed=engine_seed(int(run.cfg["seed"]), start),
+                            logprobs_mode=rollout_logprobs_mode(run.shape.rollout.temperature,
+                                                                run.shape.method["engine_is_cap"]))
 
 
 def _engine_awake(run: Run):

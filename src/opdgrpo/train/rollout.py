@@ -92,10 +92,12 @@ def score(domains: Mapping[str, Domain], tasks: Sequence[Task], texts: Sequence[
 def sample_and_score(model, tokenizer, domains: Mapping[str, Domain], tasks: Sequence[Task], *, max_new_tokens: int,
                      temperature: float, generator: torch.Generator, with_rewards: bool = True,
                      fmt: PromptFormat = PromptFormat(), top_p: float = 1.0, top_k: int = 0,
-                     engine=None) -> ScoredRollouts:
+                     engine=None, engine_logprobs: bool = False) -> ScoredRollouts:
     """Sample completions of ``tasks`` and score them. ``engine`` (:mod:`opdgrpo.train.engines`) samples; None: the
-    project's own sampler on ``model`` (the ``hf`` engine)."""
-    draw = engine.sample if engine is not None else partial(sample, model)   # None: the hf engine's own call
+    project's own sampler on ``model`` (the ``hf`` engine). ``engine_logprobs``: a training rollout, which asks the
+    engine for its own log-probs (the mismatch metric, GRPO's importance weights); evaluation and S2 do not."""
+    # None: the hf engine's own call (its rollouts carry no engine log-probs)
+    draw = partial(engine.sample, logprobs=engine_logprobs) if engine is not None else partial(sample, model)
     strings = stop_strings_for(domains, tasks, fmt.stop_strings, tokenizer)
     rollouts = draw(
         encode_prompts(tokenizer, tasks, fmt),

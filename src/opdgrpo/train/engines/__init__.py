@@ -10,9 +10,10 @@ calls an engine through :func:`opdgrpo.train.rollout.sample_and_score`, so the c
   after each optimiser step (:meth:`~opdgrpo.train.engines.vllm_engine.VLLMEngine.sync`); see that module.
 
 Both stop a base model's rows at their domain's stop strings by one rule (:mod:`opdgrpo.train.stops`), and both
-return the same structure, with the engine's own per-token log-probs where it has them (vLLM): the trainer
-always recomputes the log-probs it trains on, and uses the engine's only for the mismatch statistic and the
-optional truncated importance-sampling correction (``method.engine_is_cap``).
+return the same structure, with the engine's own per-token log-probs where a training rollout asks for them and the
+engine has them (vLLM, by its ``logprobs_mode``): the trainer always recomputes the log-probs it trains on, and uses
+the engine's only for the mismatch statistic and the optional truncated importance-sampling correction
+(``method.engine_is_cap``). Evaluation and S2's solve rates ask for none.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ class Engine(Protocol):
 
     def sample(self, prompts: list[list[int]], *, max_new_tokens: int, eos_token_id: int | Sequence[int],
                pad_token_id: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-               generator: torch.Generator | None = None, stop_strings: StopStrings | None = None) -> Rollouts: ...
+               generator: torch.Generator | None = None, stop_strings: StopStrings | None = None,
+               logprobs: bool = False) -> Rollouts:
+        """``logprobs``: a training rollout, which reads the engine's own log-probs where the engine has them."""
 
     def sync(self, model: torch.nn.Module, version: Any) -> None:
         """Make the engine sample from ``model``'s current weights (``version`` names them: a repeat is free)."""
@@ -56,7 +59,8 @@ class HFEngine:
     def __init__(self, model: torch.nn.Module):
         self.model = model
 
-    def sample(self, prompts: list[list[int]], **kwargs) -> Rollouts:
+    def sample(self, prompts: list[list[int]], *, logprobs: bool = False, **kwargs) -> Rollouts:
+        """The project's sampler; ``logprobs`` asks for nothing here (the sampler is the trainer's model itself)."""
         return sample(self.model, prompts, **kwargs)
 
     def sync(self, model: torch.nn.Module, version: Any = None) -> None:
@@ -76,10 +80,12 @@ def longest_row(tokenizer, tasks: Sequence[Any], fmt: Any, max_new_tokens: int) 
 
 
 def build_engine(name: str, model: torch.nn.Module, tokenizer, *, scratch: Path | None, settings: Mapping[str, Any],
-                 max_len: int = 0, seed: int = 0) -> Engine:
+                 max_len: int = 0, seed: int = 0, logprobs_mode: str | None = None) -> Engine:
     """The engine ``train.engine`` names, for ``model``, in a process that also trains it. ``vllm`` saves
     ``model``'s config and ``tokenizer`` to ``scratch`` (vLLM starts from a directory), takes ``settings``
-    (``train.vllm``: extra ``LLM`` arguments) and ``max_len`` (the job's longest row, :func:`longest_row`)."""
+    (``train.vllm``: extra ``LLM`` arguments), ``max_len`` (the job's longest row, :func:`longest_row`) and
+    ``logprobs_mode`` (the rollouts', :func:`~opdgrpo.train.engines.vllm_engine.rollout_logprobs_mode`), and starts
+    on placeholder weights: the caller syncs ``model`` into it before its first sampling."""
     if name == "hf":
         return HFEngine(model)
     if name != "vllm":
@@ -90,7 +96,8 @@ def build_engine(name: str, model: torch.nn.Module, tokenizer, *, scratch: Path 
         raise ValueError("train.engine vllm needs a scratch directory for the model's config and tokenizer")
     if max_len <= 0:
         raise ValueError("train.engine vllm needs the job's longest row (max_len) to size the engine")
-    return VLLMEngine.for_model(model, tokenizer, scratch, max_len=max_len, settings=settings, seed=seed)
+    return VLLMEngine.for_model(model, tokenizer, scratch, max_len=max_len, settings=settings, seed=seed,
+                                logprobs_mode=logprobs_mode)
 
 
 @contextlib.contextmanager
@@ -100,8 +107,11 @@ def checkpoint_engine(cfg: Mapping[str, Any], path: str | Path, model: torch.nn.
     under ``engine: hf`` (or no key: the project's sampler on ``model``), else a vLLM engine on the checkpoint
     directory ``path`` itself (no copy), with the job's ``vllm`` settings, sized for the longest row of ``tasks``
     (:func:`longest_row`), awake throughout (no trainer shares its GPU) and shut down when the block ends: one
-    engine at a time. ``model`` gives the FLOP formulas' config. A weightless ``source: random`` directory starts
-    on vLLM's own random weights (``load_format="dummy"``): a random model of the same shape, not the same draw."""
+    engine at a time in this process (S2's job samples each model in a process of its own,
+    :mod:`opdgrpo.stages.difficulty`). No request asks for log-probs (nothing here reads them), so the engine keeps
+    vLLM's default ``logprobs_mode``. ``model`` gives the FLOP formulas' config. A weightless ``source: random``
+    directory starts on vLLM's own random weights (``load_format="dummy"``): a random model of the same shape, not the
+    same draw."""
     name = str(cfg.get("engine") or schema.default("train", "engine"))
     if name == "hf":
         yield None
