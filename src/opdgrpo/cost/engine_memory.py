@@ -92,8 +92,11 @@ def processed_logprobs(temperature: float, engine_is_cap: float | None) -> bool:
     ``logprobs_mode``: only where its rollouts sample at a temperature other than 1 (``train.temperature``) and GRPO
     weights its terms by the engine's log-probs (``methods.grpo.engine_is_cap``), which must then be of the tempered
     distribution; at temperature 1 vLLM's raw log-probs are that distribution's. A job that only samples asks for
-    none. Why it matters: the mode binds vLLM's CUDA sampler to ``forward_native`` (:func:`step_extra`)."""
-    return float(temperature) != 1.0 and engine_is_cap is not None
+    none. Why it matters: the mode binds vLLM's CUDA sampler to ``forward_native`` (:func:`step_extra`). The engine's
+    own rule (:func:`opdgrpo.train.engines.vllm_engine.rollout_logprobs_mode`) decides."""
+    from opdgrpo.train.engines.vllm_engine import PROCESSED_LOGPROBS, rollout_logprobs_mode
+
+    return rollout_logprobs_mode(temperature, engine_is_cap) == PROCESSED_LOGPROBS
 
 
 def sampler_peak_bytes(s: Shape, seqs: int, processed: bool, dtype_bytes: int = 2) -> float:
