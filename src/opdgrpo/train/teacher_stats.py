@@ -12,10 +12,11 @@ them adds sums and counts here, :meth:`opdgrpo.train.step_stats.StepStats.all_re
 means would weigh a micro-batch of 3 tokens as much as one of 300).
 
 How a step with several updates counts (``method.updates_per_batch`` passes over the batch, each in
-``method.minibatches`` updates): ``tokens`` and ``token_share`` count each trained response token once per step
-(the first pass, as the ledger's ``tokens``); ``reverse_kl`` is the mean over every update's tokens (a token trained
-in two passes is in it twice, at the two policies it was trained at), as the step's ``metrics`` are means over every
-update's losses; ``accuracy`` and ``rollouts`` count each sampled rollout once (as ``reward``).
+``method.minibatches`` updates; GRPO's keys, which OPD's schema does not have today, so an OPD step is one update,
+but the trainer's loop is the same for both): ``tokens`` and ``token_share`` count each trained response token once
+per step (the first pass, as the ledger's ``tokens``); ``reverse_kl`` is the mean over every update's tokens (a token
+trained in two passes is in it twice, at the two policies it was trained at), as the step's ``metrics`` are means over
+every update's losses; ``accuracy`` and ``rollouts`` count each sampled rollout once (as ``reward``).
 """
 
 from __future__ import annotations
