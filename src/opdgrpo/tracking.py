@@ -1,9 +1,11 @@
 """Experiment tracking where researchers look: TensorBoard, Weights & Biases, trackio (``train.report_to``, TRL's key).
 
 Every backend gets the same numbers: each ledger line as ``train/<key>`` scalars (reward, loss, gradient norm, mean
-response length, learning rate, FLOPs by component and cumulative, tokens by kind, the method's metrics, wall time
-and FLOP/s) and each evaluation as ``eval/<domain>/<set>/<metric>``, at the training step; the run id is the run's
-name and its resolved config is attached. Everything is written inside the run directory (a job writes only its
+response length, learning rate, FLOPs by component and cumulative, tokens by kind, the method's metrics, OPD's
+per-teacher diagnostics as ``train/teachers/<domain>/<stat>``, wall time and FLOP/s; a null value, such as an
+unscored teacher's ``accuracy``, is left out rather than logged as 0) and each evaluation as
+``eval/<domain>/<set>/<metric>``, at the training step; the run id is the run's name and its resolved config is
+attached. Everything is written inside the run directory (a job writes only its
 own), so ``tensorboard --logdir results/<profile>/runs`` shows every run of a profile at once.
 
 * ``tensorboard``: event files in ``<run>/tensorboard/`` (a resumed run purges the steps after its checkpoint).

@@ -70,6 +70,11 @@ def test_smoke_dag_writes_every_contracted_file(smoke_dag):
         assert yaml.safe_load((run_dir / "config.yaml").read_text()) == job.config
         ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
         assert [r["step"] for r in ledger] == list(range(job.config["method"]["steps"]))
+        # OPD's per-teacher diagnostics (S4's two experts among them), and none in GRPO's ledgers
+        opd = job.config["method"]["name"] == "opd"
+        assert all(("teachers" in r) == opd for r in ledger), job.id
+        assert not opd or all(list(r["teachers"]) == job.config["train_domains"] and sum(
+            t["token_share"] for t in r["teachers"].values()) == pytest.approx(1.0) for r in ledger), job.id
         # the rule's shell exec'd the trainer: Snakemake waits on it directly, no shell between them to die first
         begins = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines() if "begin" in line]
         assert begins[-1]["launched_by"][0] == "snakemake", begins

@@ -228,6 +228,7 @@ def test_skip_drops_the_update_and_counts_the_flops(smoke_world, tmp_path, monke
     ledger = read_jsonl(run_dir / "ledger.jsonl")
     assert [r["step"] for r in ledger] == [0, 1, 2, 3]
     assert [r.get("skipped") for r in ledger] == [None, "teacher_logits", None, "loss"]
+    assert ["teachers" in r for r in ledger] == [True, False, True, False]   # a skipped line has FLOPs only
     good, skipped_teacher, skipped_loss = ledger[0]["flops"], ledger[1]["flops"], ledger[3]["flops"]
     # what was computed is counted: rollouts, teacher forward, student forward; no backward
     assert skipped_teacher["rollout"] > 0 and skipped_teacher["teacher"] > 0

@@ -215,6 +215,13 @@ def test_fsdp_sharded_teachers_and_logit_chunks_equal_one_process(smoke_world, t
         held, total = (int(w) for w in line.split(", ")[1].split()[:4:3])
         assert held < 0.6 * total   # about half (a row count not divisible by 2 leaves one more row on one)
     a, b, wa, wb = _assert_same_steps(one, two)
+    for ra, rb in zip(a, b):   # per-teacher diagnostics: sums over each process's shards, added over the processes
+        assert list(ra["teachers"]) == list(rb["teachers"]) == cfg["train_domains"]
+        assert sum(t["token_share"] for t in rb["teachers"].values()) == pytest.approx(1.0, rel=1e-12)
+        for domain, t in ra["teachers"].items():
+            assert (t["tokens"], t["rollouts"]) == (rb["teachers"][domain]["tokens"], rb["teachers"][domain]["rollouts"])
+            assert rb["teachers"][domain]["reverse_kl"] == pytest.approx(t["reverse_kl"], rel=1e-5, abs=1e-7)
+        assert sum(t["tokens"] for t in rb["teachers"].values()) == rb["tokens"]["completion"]
     print("sharded teachers,", run, "chunk", chunk, ": largest weight difference",
           max(float((wa[n] - wb[n]).abs().max()) for n in wa),
           "losses", [(ra["loss"], rb["loss"]) for ra, rb in zip(a, b)],

@@ -79,6 +79,10 @@ def _compare(tmp_path: Path, teachers: bool, method: dict | None = None) -> None
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5 if a["step"] == 0 else 1e-4)
         for name, value in a["metrics"].items():   # clip fractions and KL: means over other micro-batches
             assert b["metrics"][name] == pytest.approx(value, abs=0.05), name
+        for domain, t in a.get("teachers", {}).items():   # OPD's per-teacher sums: the grouping does not count
+            assert (t["tokens"], t["token_share"]) == (b["teachers"][domain]["tokens"], b["teachers"][domain]["token_share"])
+            assert b["teachers"][domain]["reverse_kl"] == pytest.approx(t["reverse_kl"], rel=1e-4)
+        assert a.keys() == b.keys()
     print("train tokens", [(a["tokens"]["train"], b["tokens"]["train"]) for a, b in zip(plain, packed)],
           "loss", [(a["loss"], b["loss"]) for a, b in zip(plain, packed)],
           "grad_norm", [(a["grad_norm"], b["grad_norm"]) for a, b in zip(plain, packed)])

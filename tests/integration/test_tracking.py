@@ -54,6 +54,8 @@ def test_tensorboard_scalars_equal_the_ledger(smoke_world, tmp_path):
     for key, value in want.items():   # TensorBoard keeps float32
         assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-30), key
     assert ("train/reward" in events.Tags()["scalars"]) and ("eval/math/amc/accuracy" in events.Tags()["scalars"])
+    assert {"train/teachers/math/reverse_kl", "train/teachers/math/token_share",   # OPD's per-teacher diagnostics
+            "train/teachers/math/accuracy"} <= set(events.Tags()["scalars"])
 
 
 def _wandb_history(path: str) -> list[dict]:

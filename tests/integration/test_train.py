@@ -42,6 +42,7 @@ def test_grpo_run_writes_the_contracted_files(smoke_world, tmp_path):
     for record in ledger:
         assert set(record["flops"]) == {"rollout", "train", "old_policy", "teacher"}
         assert record["flops"]["teacher"] == 0 and record["flops"]["rollout"] > 0
+        assert "teachers" not in record   # OPD's per-teacher diagnostics only
         running += record["step_flops"]
         assert record["cumulative_flops"] == pytest.approx(running)
     evals = read_jsonl(run_dir / "evals.jsonl")
@@ -72,6 +73,11 @@ def test_opd_counts_teacher_forward_exactly(smoke_world, tmp_path):
     else:
         pytest.fail("teacher/train FLOPs do not correspond to one (B, L) shape")
     assert record["loss"] >= 0 and record["metrics"]["kl"] >= 0
+    # one teacher: the per-teacher diagnostics' one entry holds every trained token and the step's token-mean KL
+    (only,) = record["teachers"].values()
+    assert list(record["teachers"]) == ["math"] and only["token_share"] == 1.0
+    assert only["tokens"] == record["tokens"]["completion"] and only["rollouts"] == b
+    assert only["reverse_kl"] == pytest.approx(record["loss"], rel=1e-5)   # token-mean, one micro-batch, one update
 
 
 def test_opd_without_scoring_its_rollouts_trains_the_same_and_leaves_reward_null(smoke_world, tmp_path):
@@ -89,6 +95,10 @@ def test_opd_without_scoring_its_rollouts_trains_the_same_and_leaves_reward_null
     for a, b in zip(scored, unscored, strict=True):
         assert (a["loss"], a["tokens"], a["flops"], a["mean_response_length"]) == \
             (b["loss"], b["tokens"], b["flops"], b["mean_response_length"])
+        # the teacher's accuracy is the step's reward where scored, null (never 0) where not
+        assert a["teachers"]["code"]["accuracy"] == pytest.approx(a["reward"], rel=1e-6)
+        assert b["teachers"]["code"]["accuracy"] is None
+        assert {**a["teachers"]["code"], "accuracy": None} == b["teachers"]["code"]
     assert [e["results"] for e in scored_evals] == [e["results"] for e in unscored_evals]
 
 

@@ -266,7 +266,8 @@ def _step(run: Run, step: int) -> StepStats:
     micro-batches (the shards, or rows repacked by ``train.max_tokens_per_microbatch``); the log-probs fixed over
     the batch; then per pass over the batch and mini-batch: forward/loss/backward per micro-batch, update."""
     _set_lr(run, step)
-    stats, where = StepStats.of(components(reference=run.shape.reference)), f"run {run.cfg['run_id']} step {step}"
+    stats = StepStats.of(components(reference=run.shape.reference), teachers=run.objective.teacher_domains)
+    where = f"run {run.cfg['run_id']} step {step}"
     clock = time.time()
 
     def lap(phase: str) -> None:   # the ledger's phase_s (what a pilot or a slow run is read by)
@@ -442,13 +443,13 @@ def _forward_and_loss(run: Run, shard: Shard, normalizer: float | None, guard: N
                                logits_to_keep=shard.new_tokens + 1).logits[:, :-1]
         stats.flops["train"] += _student_flops(run, shard)   # the forward; its backward is counted after it
         logits = guard.check(logits, "student_logits")
-        loss, metrics = run.objective.loss(logits, shard, normalizer, guard.check, stats.flops)
+        loss, metrics = run.objective.loss(logits, shard, normalizer, guard.check, stats.flops, stats.teachers)
     else:   # the LM head and the loss's reduction a chunk of positions at a time (opdgrpo.train.logit_chunks)
         reduce, extras = run.objective.student_reduce(shard, guard.check)
         reduced = _chunked_forward(run, run.model, shard, reduce, extras)
         stats.flops["train"] += _student_flops(run, shard)
         loss, metrics = run.objective.loss_from(reduced, shard, normalizer, guard.check, stats.flops,
-                                                int(run.student.config.vocab_size))
+                                                int(run.student.config.vocab_size), stats.teachers)
     loss = guard.check(loss, "loss", f"{run.objective.name} loss")
     return loss, metrics
 

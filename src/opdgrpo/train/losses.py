@@ -269,9 +269,10 @@ def topk_reverse_kl(
     This is the paper's "vanilla reverse KL over the student's top-16 tokens": an exact (not sampled) KL on the
     support where the student puts its mass, at the cost of ``k`` gathered logits per token instead of ``V``. With
     ``k == V`` it is the full reverse KL. The teacher is frozen: its logits are detached, gradient reaches the
-    student logits only. The trainer calls its two halves (:func:`student_topk` per logit chunk, then
-    :func:`topk_reverse_kl_from_topk`) so that no ``(B, T, V)`` tensor is kept; this one-call form is the loss as
-    written, and the reference the tests hold the chunked path to.
+    student logits only. The trainer calls its parts (:func:`student_topk` per logit chunk, then
+    :func:`topk_reverse_kl_from_topk`'s two halves, :func:`topk_reverse_kl_per_token` and :func:`reverse_kl_loss`, the
+    per-token values also going to the per-teacher diagnostics) so that no ``(B, T, V)`` tensor is kept; this one-call
+    form is the loss as written, and the reference the tests hold the chunked path to.
 
     Args:
         student_logits: ``(B, T, V)`` aligned with the response tokens; any float dtype (computed in float32).
@@ -334,12 +335,36 @@ def topk_reverse_kl_from_topk(
     ``method.engine_is_cap``); None: 1."""
     _check_aggregation(aggregation)
     _check_mask(mask, s_top.shape[:2], "s_top[:2]")
+    return reverse_kl_loss(topk_reverse_kl_per_token(s_top, t_top), s_top, student_lse, mask, aggregation,
+                           normalizer, weights)
+
+
+def topk_reverse_kl_per_token(s_top: Tensor, t_top: Tensor) -> Tensor:
+    """``(B, T)`` per-position reverse KL(student || teacher) on the student's top-k support, both renormalised on it
+    (:func:`topk_reverse_kl`'s ``KL_t``, every position, padding included: the caller masks). Differentiable in
+    ``s_top``; the teacher's values are detached. Its own function because the multi-teacher trainer also reads it
+    per teacher (:class:`opdgrpo.train.objectives.OPDObjective`), the very values the loss sums."""
     dtype = s_top.dtype
     t_top = t_top.detach().to(dtype)
     log_ps = F.log_softmax(s_top, dim=-1)
     log_pt = F.log_softmax(t_top, dim=-1)
-    per_token = (log_ps.exp() * (log_ps - log_pt)).sum(dim=-1)  # (B, T)
+    return (log_ps.exp() * (log_ps - log_pt)).sum(dim=-1)  # (B, T)
 
+
+def reverse_kl_loss(
+    per_token: Tensor,
+    s_top: Tensor,
+    student_lse: Tensor,
+    mask: Tensor,
+    aggregation: str = "token-mean",
+    normalizer: float | None = None,
+    weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """OPD's loss and metrics from :func:`topk_reverse_kl_per_token`'s ``per_token`` (and the student's top-k logits and
+    full logsumexp, for ``topk_mass``): the second half of :func:`topk_reverse_kl_from_topk`."""
+    _check_aggregation(aggregation)
+    _check_mask(mask, per_token.shape, "per_token")
+    dtype = per_token.dtype
     m = mask.to(dtype)
     weighted = per_token if weights is None else per_token * weights.detach().to(dtype)
     loss = _aggregate(weighted, m, aggregation, normalizer)

@@ -2,9 +2,11 @@
 
 Our own code, because the two objectives are the paper's subject (the loss arithmetic is in :mod:`opdgrpo.train.losses`).
 The trainer picks one objective per run (:func:`build_objective`) and calls the same methods every shard, so
-the training loop has no branch on the method: ``loss(logits, shard, normalizer, check, flops)`` returns the loss
-and its metrics and adds what it computed beyond the student's passes to the step's ``flops`` (OPD's teacher
-forwards), :attr:`Objective.scores_with_teachers` says whether teachers ran over the shard's tokens, and
+the training loop has no branch on the method: ``loss(logits, shard, normalizer, check, flops, teachers)`` returns
+the loss and its metrics, adds what it computed beyond the student's passes to the step's ``flops`` (OPD's teacher
+forwards) and, where the trainer passes the step's per-teacher totals (:class:`~opdgrpo.train.teacher_stats.TeacherTotals`),
+each teacher's reverse KL sums to them (OPD; GRPO has no teacher), :attr:`Objective.scores_with_teachers` says
+whether teachers ran over the shard's tokens, :attr:`Objective.teacher_domains` which domains have one, and
 ``logprobs(logits, shard)`` turns logits of the shard's tokens into the log-probs the objective reads (the trainer
 calls it on the forwards it runs before the first update: the sampling policy's and the reference's, stored on the
 shard as :attr:`Shard.old_logprobs` and :attr:`Shard.ref_logprobs`).
@@ -26,9 +28,10 @@ from opdgrpo.run_shape import DEFAULT_CHUNK_TOKENS, method_settings
 from opdgrpo.train import flops as flop_formulas
 from opdgrpo.train.inference import FrozenForward
 from opdgrpo.train.logit_chunks import Reduce
-from opdgrpo.train.losses import group_advantages, grpo_loss, student_topk, token_logprobs, topk_reverse_kl_from_topk
+from opdgrpo.train.losses import group_advantages, grpo_loss, reverse_kl_loss, student_topk, token_logprobs, topk_reverse_kl_per_token
 from opdgrpo.train.models import autocast
 from opdgrpo.train.rollout import ScoredRollouts
+from opdgrpo.train.teacher_stats import TeacherTotals
 
 #: ``check(tensor, component, label) -> tensor``: the trainer's guard (see the module docstring).
 Check = Callable[[torch.Tensor, str, str], torch.Tensor]
@@ -80,10 +83,13 @@ class Objective(Protocol):
     aggregation: str
     scores_with_teachers: bool
     needs_rewards: bool   # the loss reads the verifiers' rewards (GRPO); OPD scores its rollouts only for the ledger
+    #: the domains whose rows a teacher scores, in the run's order (OPD: every training domain); () without teachers
+    teacher_domains: tuple[str, ...]
 
     def loss(self, logits: torch.Tensor, shard: Shard, normalizer: float | None, check: Check,
-             flops: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
-        """(loss, metrics) of one shard, given the student's logits over its response."""
+             flops: dict[str, float], teachers: TeacherTotals | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """(loss, metrics) of one shard, given the student's logits over its response; ``teachers``: the step's
+        per-teacher totals, which an objective with teachers adds this shard's per-teacher sums to."""
 
     def logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """``(B, T)`` log-probs of the response tokens ``targets`` (a shard's, or a chunk of them) under ``logits``,
@@ -99,7 +105,8 @@ class Objective(Protocol):
         logits (component ``student_logits``)."""
 
     def loss_from(self, reduced: tuple[torch.Tensor, ...], shard: Shard, normalizer: float | None, check: Check,
-                  flops: dict[str, float], vocab: int) -> tuple[torch.Tensor, dict[str, float]]:
+                  flops: dict[str, float], vocab: int,
+                  teachers: TeacherTotals | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """:meth:`loss` from :meth:`student_reduce`'s per-position values over the whole response; ``vocab`` is the
         student's logits' last dimension."""
 
@@ -115,6 +122,7 @@ class GRPOObjective:
     """
 
     name, scores_with_teachers, needs_rewards = "grpo", False, True
+    teacher_domains: tuple[str, ...] = ()
 
     def __init__(self, method: dict[str, Any], temperature: float = 1.0):
         method = method_settings({**method, "name": "grpo"})
@@ -141,11 +149,13 @@ class GRPOObjective:
         return reduce, (shard.targets,)
 
     def loss(self, logits: torch.Tensor, shard: Shard, normalizer: float | None, check: Check,
-             flops: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+             flops: dict[str, float], teachers: TeacherTotals | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         return self.loss_from((self.logprobs(logits, shard.targets),), shard, normalizer, check, flops, logits.shape[-1])
 
     def loss_from(self, reduced: tuple[torch.Tensor, ...], shard: Shard, normalizer: float | None, check: Check,
-                  flops: dict[str, float], vocab: int) -> tuple[torch.Tensor, dict[str, float]]:
+                  flops: dict[str, float], vocab: int,
+                  teachers: TeacherTotals | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """``teachers`` is never touched: GRPO has none (the trainer passes None, :attr:`teacher_domains` being ())."""
         (logprobs,) = reduced
         advantages = self.advantages(shard).to(logprobs.device)
         # One optimiser step per batch: the sampling policy is the current one, so the old log-probabilities are
@@ -185,6 +195,7 @@ class OPDObjective:
         self.aggregation = str(method["aggregation"])
         self.kl_top_k = int(method["kl_top_k"])
         self.teachers = teachers                                   # domain -> model (one model may serve several)
+        self.teacher_domains = tuple(teachers)
         self.forwards = {id(t): FrozenForward(t) for t in teachers.values()}
         self.precision = precision
         self.chunk_tokens = int(chunk_tokens)
@@ -248,19 +259,25 @@ class OPDObjective:
         return out_all
 
     def loss(self, logits: torch.Tensor, shard: Shard, normalizer: float | None, check: Check,
-             flops: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+             flops: dict[str, float], teachers: TeacherTotals | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         reduce, extras = self.student_reduce(shard, lambda tensor, *_: tensor)   # the trainer checked these logits
-        return self.loss_from(reduce(logits, *extras), shard, normalizer, check, flops, logits.shape[-1])
+        return self.loss_from(reduce(logits, *extras), shard, normalizer, check, flops, logits.shape[-1], teachers)
 
     def loss_from(self, reduced: tuple[torch.Tensor, ...], shard: Shard, normalizer: float | None, check: Check,
-                  flops: dict[str, float], vocab: int) -> tuple[torch.Tensor, dict[str, float]]:
-        """``vocab``: the student's logits' last dimension (a teacher's further padded entries are never read)."""
+                  flops: dict[str, float], vocab: int,
+                  teachers: TeacherTotals | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """``vocab``: the student's logits' last dimension (a teacher's further padded entries are never read).
+        ``teachers``: each row's per-token KL is added to its domain's teacher there, the same values the loss sums
+        (:func:`~opdgrpo.train.losses.topk_reverse_kl_per_token`), so the per-teacher means are the loss's own KL."""
         s_top, top_ids, lse, *sampled = reduced
         teacher = self.teacher_topk(top_ids, vocab, shard, check, flops)
         # the mismatch is logged; no weight: the top-k KL at a position does not depend on the token sampled there
         # (docs/method.md, "Off-policy correction"), so ``method.engine_is_cap`` is refused for OPD in config
         _, engine_metrics = engine_correction(sampled[0], shard, None) if sampled else (None, {})
-        loss, metrics = topk_reverse_kl_from_topk(s_top, teacher, lse, shard.mask, self.aggregation, normalizer)
+        per_token = topk_reverse_kl_per_token(s_top, teacher)
+        loss, metrics = reverse_kl_loss(per_token, s_top, lse, shard.mask, self.aggregation, normalizer)
+        if teachers is not None:
+            teachers.add_kl(shard.tasks, per_token, shard.mask)
         return loss, {**metrics, **engine_metrics}
 
 
