@@ -236,7 +236,7 @@ def cmd_slots(args) -> int:
         print(f"error: profile {cfg['profile']!r} has no `machine` block: its jobs get their GPUs from SLURM",
               file=sys.stderr)
         return 2
-    directory = Path(machine.slots_dir or Path(cfg["results_dir"]) / "gpu-slots")
+    directory = Path(machine.directory(cfg))
     print(f"GPU slots of machine.gpus = {machine.gpus} in {directory.absolute()}:")
     for line in slots_status(directory):
         print(f"  {line}")

@@ -19,6 +19,7 @@ stand for the GPUs the same DAG takes on a GPU machine, so the assignment is reh
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any, Callable, Mapping, Sequence
 
 from opdgrpo.cost import makespan
@@ -46,6 +47,11 @@ class Machine:
         if not block:
             return None
         return cls(int(block["gpus"]), block.get("slots_dir") or None)
+
+    def directory(self, cfg: Mapping[str, Any]) -> str:
+        """The GPU slots' lock directory: ``machine.slots_dir``, else ``<results_dir>/gpu-slots`` (every profile of
+        one results directory shares it, so their DAGs share the machine's GPUs)."""
+        return str(self.slots_dir or PurePath(str(cfg["results_dir"]), "gpu-slots"))
 
 
 def hand_count(cfg: Mapping[str, Any], kind: str) -> int | None:
