@@ -66,6 +66,15 @@ def test_the_rules_get_each_jobs_slots_priorities_and_engine_share(planned):
     assert all(shares[e.job] == e.engine_choice for e in chosen.estimates if e.kind == "train")
 
 
+def test_the_rehearsal_rehearses_the_slots_on_cpus():
+    cfg = compose(["profile=rehearsal"])
+    plan = build_plan(cfg)
+    slots = gpu_counts.job_slots(cfg, plan, resources.estimate_jobs(cfg, plan))
+    kinds = {(plan.jobs[j].kind, n) for j, n in slots.items()}
+    assert kinds == {("tokenizer", 0), ("base", 2), ("train", 2), ("difficulty", 1)}
+    assert not gpu_counts.on_gpus(cfg)   # its priorities stay the CPU's
+
+
 @pytest.mark.parametrize("overrides, key", [
     (["profile=paper", "resources.train.gpu=null"], "`resources.train.gpu` is null.*add a `machine` block"),
     ([*MACHINE, "resources.train.gpu=null", "resources.train.processes=4"], "`resources.train.processes` is set"),
