@@ -233,8 +233,8 @@ def cmd_slots(args) -> int:
     cfg = compose(([f"profile={args.profile}"] if args.profile else []) + list(args.overrides), args.conf_dir)
     machine = Machine.of(cfg)
     if machine is None:
-        print(f"error: profile {cfg['profile']!r} has no `machine` block: its jobs get their GPUs from SLURM",
-              file=sys.stderr)
+        print(f"error: profile {cfg['profile']!r} has no `machine` block, so its jobs claim no GPU slots (add one: "
+              "docs/one-machine.md; under SLURM, SLURM assigns the devices)", file=sys.stderr)
         return 2
     directory = Path(machine.directory(cfg))
     print(f"GPU slots of machine.gpus = {machine.gpus} in {directory.absolute()}:")

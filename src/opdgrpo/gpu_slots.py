@@ -208,7 +208,7 @@ def _cmdline(pid: int) -> str:
         parts = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return "exited"
-    text = " ".join(p.decode(errors="replace") for p in parts if p)
+    text = " ".join(" ".join(p.decode(errors="replace").split()) for p in parts if p)
     return text if len(text) <= 120 else text[:117] + "..."
 
 
