@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from opdgrpo import gpu_slots
+
 ATTEMPTS = "attempts.jsonl"
 #: Exit statuses of ``opdgrpo train``: interrupted and checkpointed (retry resumes), non-finite step, not retried.
 INTERRUPTED, NONFINITE, NOT_RETRIED = 130, 3, 4
@@ -145,8 +147,9 @@ def begin(run_dir: Path, attempt: int) -> int:
                 print(f"== attempt {r['attempt']} (SLURM job {r.get('slurm_job') or '-'}, began {r['begin']}): "
                       f"from step {r['step']}, {after.get('end', 'killed')} at checkpoint step {after.get('step', step)}",
                       file=sys.stderr, flush=True)
-    _append(run_dir, {"attempt": attempt, "begin": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": step,
-                      "slurm_job": os.environ.get("SLURM_JOB_ID"), "launched_by": launched_by()})
+    begun = {"attempt": attempt, "begin": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": step,
+             "slurm_job": os.environ.get("SLURM_JOB_ID"), "launched_by": launched_by()}
+    _append(run_dir, gpu_slots.record_into(begun))   # on a machine: the GPU slots of this attempt
     print(f"== attempt {attempt} (SLURM job {os.environ.get('SLURM_JOB_ID', '-')}): "
           f"{'resuming at step ' + str(step) if step else 'starting'}", file=sys.stderr, flush=True)
     return step

@@ -2,7 +2,8 @@
 
 Subcommands: ``plan`` (print the jobs), ``fetch`` (fill the Hugging Face caches with what the jobs read from the hub),
 ``tokenizer``, ``pretrain``, ``difficulty`` (S2's subsets), ``train`` (one job each, given its resolved config as JSON),
-``report``, ``savings`` and ``flops`` (the cost model: ``opdgrpo flops estimate``). Each job first checks that the hub
+``report``, ``savings`` and ``flops`` (the cost model: ``opdgrpo flops estimate``), ``slots`` (a machine's GPU slots
+and who holds them). Each job first checks that the hub
 models and data sets it reads are on the machine (:func:`opdgrpo.stages.hub_cache.require_cached`) and, where it
 scores code, says which sandbox runs it and refuses hub code data without confined reads
 (:func:`opdgrpo.sandbox.guard.check_job`).
@@ -223,6 +224,25 @@ def cmd_difficulty(args) -> int:
     return 0
 
 
+def cmd_slots(args) -> int:
+    """Each GPU slot of the profile's machine: free, or the job and the processes holding it."""
+    from .config import compose
+    from .cost.gpu_counts import Machine
+    from .gpu_slots import slots_status
+
+    cfg = compose(([f"profile={args.profile}"] if args.profile else []) + list(args.overrides), args.conf_dir)
+    machine = Machine.of(cfg)
+    if machine is None:
+        print(f"error: profile {cfg['profile']!r} has no `machine` block, so its jobs claim no GPU slots (add one: "
+              "docs/one-machine.md; under SLURM, SLURM assigns the devices)", file=sys.stderr)
+        return 2
+    directory = Path(machine.directory(cfg))
+    print(f"GPU slots of machine.gpus = {machine.gpus} in {directory.absolute()}:")
+    for line in slots_status(directory):
+        print(f"  {line}")
+    return 0
+
+
 def _forward(module: str, argv: Sequence[str]) -> int:
     """``report`` and ``savings`` own their argument parsers; pass the rest of the line through."""
     import importlib
@@ -268,10 +288,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("savings", help="matched-accuracy savings of experts + OPD against joint GRPO (opdgrpo savings --help)")
     sub.add_parser("flops", help="predicted training FLOPs of every planned run, before any run starts (opdgrpo flops estimate --help)")
     sub.add_parser("resources", help="estimated peak GPU memory per device and wall time of every job (opdgrpo resources --help)")
+    p = sub.add_parser("slots", help="on a profile with a machine block: each GPU slot, free or held by which job and "
+                                     "processes (docs/one-machine.md)")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, the ones the DAG runs with")
+    p.add_argument("--profile", help="the profile (same as the override profile=P)")
+    p.add_argument("--conf-dir", type=Path, default=None)
+    p.set_defaults(func=cmd_slots)
     args = parser.parse_args(argv)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    if args.func in JOB_COMMANDS:   # on a machine: this process holds its job's GPU slots while it lives
+        from .gpu_slots import hold_from_env
+
+        hold_from_env()
     if args.func in JOB_COMMANDS and int(os.environ.get("RANK", "0")) == 0:   # one holder per job, its first process
         from .runio import DirectoryInUse, job_lock
 

@@ -31,6 +31,10 @@ def runs(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]
     dirs["paper_too_big"] = tmp_path_factory.mktemp("paper_too_big")
     cmds["paper_too_big"] = [*SNAKEMAKE, "-n", "--cores", "1", "--config", "profile=paper",
                              f'overrides=["results_dir={dirs["paper_too_big"]}","train.vllm.gpu_memory_utilization=0.9"]']
+    dirs["machine"] = tmp_path_factory.mktemp("machine")   # the paper on one 8-GPU machine, counts the planner's
+    cmds["machine"] = [*SNAKEMAKE, "-n", "-p", "--cores", "1", "--config", "profile=paper",
+                       f'overrides=["results_dir={dirs["machine"]}","+machine={{gpus: 8}}","resources.train.gpu=null",'
+                       '"resources.base.gpu=null"]']
     dirs["plain"] = tmp_path_factory.mktemp("plain")
     cmds["plain"] = [sys.executable, "-m", "snakemake", "--directory", str(dirs["plain"]), TOKENIZER, "--config", "profile=smoke"]
     done = run_side_by_side(cmds, timeout=900, cwd=REPO)
@@ -70,6 +74,22 @@ def test_snakemake_dry_run_lists_the_paper_dag_with_resources(paper_dry_run):
     for rule, warned in (("grpo", True), ("opd", True), ("pretrain", False)):
         blocks = re.findall(rf"^(?:local)?rule {rule}:\n(.*?)(?=^\S|\Z)", text, flags=re.M | re.S)
         assert blocks and all(bool(re.search(r"slurm_extra=--signal=URG@\d+", b)) == warned for b in blocks), rule
+
+
+def test_on_one_machine_each_paper_job_gets_its_own_count_and_the_rules_text_stays(runs):
+    """The paper profile with a machine block and its counts left to the planner (docs/one-machine.md): each job asks
+    for its own GPUs (`gpu`, and `gpu_slots`, which the local executor bounds by machine.gpus), 1 to 8; its command
+    goes through opdgrpo.launch, which sets torchrun's count per job, and otherwise reads as the SLURM profile's (a
+    rule whose text changed would rerun its finished jobs)."""
+    _, out = runs["machine"]
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    asks = re.findall(r"resources: .*?gpu=(\d+).*?gpu_slots=(\d+)|resources: .*?gpu_slots=(\d+).*?gpu=(\d+)", text)
+    counts = [(int(a or d), int(b or c)) for a, b, c, d in asks]
+    assert counts and all(g == s for g, s in counts) and {g for g, _ in counts} >= {1, 2, 4, 8}, counts
+    launch = re.findall(r"exec \S+ -m opdgrpo\.launch -- \S+ -m torch\.distributed\.run --standalone --nnodes 1 "
+                        r"--nproc_per_node 8 --shutdown-timeout \d+ -m opdgrpo\.cli train ", text)
+    assert len(launch) == 31, len(launch)   # every training job (the text: 8, the SLURM profile's; each job its own)
 
 
 def test_snakemake_refuses_a_paper_job_that_would_not_fit_its_gpus(runs):

@@ -109,7 +109,7 @@ def test_no_import_circle():
 
 #: The package map (docs/ARCHITECTURE.md), by the first name under opdgrpo: what each group is made of.
 GROUPS = {
-    "base": ("", "runio", "progress", "tracking", "schema", "attempts", "errors"),
+    "base": ("", "runio", "progress", "tracking", "schema", "attempts", "errors", "gpu_slots"),
     "sandbox": ("sandbox",),
     "verifiers": ("verifiers",),
     "domains": ("domains", "subsets"),
@@ -119,7 +119,7 @@ GROUPS = {
     "stages": ("stages",),
     "cost": ("cost",),
     "report": ("report",),
-    "cli": ("cli",),
+    "cli": ("cli", "launch"),
 }
 #: Which groups each group may import (besides itself): conf -> plan -> (rules) -> train and the base stages -> run
 #: directories -> report, with the cost model beside the plan (it prices runs with the trainer's own formulas).

@@ -44,7 +44,7 @@ rule pretrain:
     priority: lambda w: PRIORITY[f"base-{w.model}"]
     threads: THREADS
     resources:
-        **job_resources("base"),
+        **job_resources("base", lambda w: f"base-{w.model}"),
         **stop_resources(lambda w: f"base-{w.model}"),
     params:
         cfg=lambda w: job_config(f"base-{w.model}"),

@@ -1,10 +1,12 @@
 # Helpers shared by the rules: job lookup, resolved configs as params, upstream inputs.
 import json
+import os
 import re
 import shlex
 import sys
 
-from opdgrpo import job_identity
+from opdgrpo import gpu_slots, job_identity
+from opdgrpo.cost import gpu_counts
 from opdgrpo.cost.engine_share import engine_plan, engine_env
 from opdgrpo.cost.schedule import priorities as _priorities
 from opdgrpo.cost.site import site_settings_problems
@@ -50,7 +52,30 @@ _PREFIX += f"export {job_identity.ENGINE_ENV}={_ENGINE}; "
 # reads (opdgrpo.sandbox.guard); it is not part of any job's config, so turning it on reruns nothing.
 if (CFG.get("sandbox") or {}).get("allow_unconfined_reads"):
     _PREFIX += "export OPDGRPO_SANDBOX_ALLOW_UNCONFINED_READS=1; "
-shell.prefix(_PREFIX.replace("{", "{{").replace("}", "}}"))
+
+# One machine, no SLURM (the `machine` block; docs/one-machine.md): each GPU job's count, the planner's or conf's
+# (opdgrpo.cost.gpu_counts; `opdgrpo resources` prints it), by job id. It reaches a job three ways, none of them its
+# rule's shell text: its resources (`gpu_slots`, which the local executor bounds by machine.gpus, and `gpu`, which a
+# cluster allocates), torchrun's process count and its GPU slots (opdgrpo.launch, from the variable below). The slots
+# are filled in at `onstart` under Snakemake's local executor only (start_machine): under SLURM, SLURM assigns the
+# devices and the slots step aside.
+MACHINE = gpu_counts.Machine.of(CFG)
+SLOTS = gpu_counts.job_slots(CFG, PLAN, ESTIMATES) if MACHINE else {}
+
+
+def machine_env(slots=None):
+    """What the rules export as opdgrpo.gpu_slots.MACHINE_ENV: each job's count by its directory (the `--out` its rule
+    passes), and the slots (lock directory and device ids) where Snakemake runs the jobs itself, else None."""
+    jobs = {job_identity.job_key(PLAN.jobs[j].out_dir): n for j, n in sorted(SLOTS.items()) if n}
+    return json.dumps({"jobs": jobs, "slots": slots}, sort_keys=True)
+
+
+def set_prefix(slots=None):
+    machine = f"export {gpu_slots.MACHINE_ENV}={shlex.quote(machine_env(slots))}; " if MACHINE else ""
+    shell.prefix((_PREFIX + machine).replace("{", "{{").replace("}", "}}"))
+
+
+set_prefix()
 
 
 def consumed(role):
@@ -70,7 +95,9 @@ THREADS = int(CFG["threads"])
 # Start order: each job's estimated seconds plus the longest chain of jobs that need it (opdgrpo.cost.schedule), so
 # the long runs start early and short ones fill the end instead of one core idling behind the last long run.
 
-PRIORITY = _priorities(CFG, PLAN)
+PRIORITY = _priorities(
+    CFG, PLAN, gpu_counts.machine_hours(PLAN, ESTIMATES) if MACHINE and gpu_counts.on_gpus(CFG) else None
+)
 
 # How a job is started never reruns it. Snakemake reruns a job whose rule's shell text changed ("Code has changed
 # since last execution"), so a rule's shell text names the interpreter and the launchers by these variables, which
@@ -85,7 +112,10 @@ PRIORITY = _priorities(CFG, PLAN)
 # the middle of their checkpoint save. Under proctrack/cgroup the signal reaches Snakemake alone and the trainer stops
 # itself before the time limit (opdgrpo.train.time_limit; docs/paper-profile.md, "Stopping before the time limit").
 _INTERPRETER = shlex.quote(sys.executable)  # the interpreter that runs Snakemake (jobs run without an activated venv)
-PYTHON = f"exec {_INTERPRETER}"
+# On a machine every launcher is started through opdgrpo.launch, which sets the job's torchrun process count and
+# claims its GPU slots, then execs the launcher (so the shell still becomes the launcher; the slots' locks go with it).
+_VIA = f"{_INTERPRETER} -m opdgrpo.launch -- " if MACHINE else ""
+PYTHON = f"exec {_VIA}{_INTERPRETER}"
 
 
 def _one_command(key, default):
@@ -98,7 +128,7 @@ def _one_command(key, default):
             f"--config {key}={value!r}: give one command (it is exec'd in the rule's shell); put "
             "set-up such as `source env.sh && ...` into a script of its own, or use `env VAR=...`"
         )
-    return f"exec {value}" if value else None
+    return f"exec {_VIA}{value}" if value else None
 
 
 # The package's CLI; `--config opdgrpo_cmd=...` replaces it, e.g. for a cluster with its own environment.
@@ -111,10 +141,12 @@ LAUNCH_CMD = _one_command("launch_cmd", None)
 PLANNER_KEYS = ("processes", "allocations", "signal_lead_s", "collective_timeout_s")
 
 
-def job_resources(kind):
+def job_resources(kind, job_of=None):
     """Cluster resources of one kind of job (conf `resources.<kind>`): runtime, mem_mb, cpus_per_task, gpu.
     gpu 0 asks for none; gpu > 0 adds the site's GPU model when the config names one (`--config gpu_model=h100`).
-    A profile without a `tokenizer` block gives tokenizer jobs its `base` block's CPUs, memory and runtime, no GPU."""
+    A profile without a `tokenizer` block gives tokenizer jobs its `base` block's CPUs, memory and runtime, no GPU.
+    On a machine, each job of a GPU kind (named by `job_of(wildcards)`) also asks for its GPU slots (`gpu_slots`,
+    bounded by machine.gpus under the local executor), and for its count of GPUs where the planner chose it."""
     blocks = CFG.get("resources", {})
     if kind == "tokenizer" and kind not in blocks:
         res = {**blocks.get("base", {}), "gpu": 0}
@@ -126,12 +158,23 @@ def job_resources(kind):
         res.pop("gpu", None)
     elif config.get("gpu_model"):
         res["gpu_model"] = config["gpu_model"]
+    if MACHINE and job_of is not None and kind in gpu_counts.GPU_KINDS:
+        res["gpu_slots"] = lambda w: SLOTS[job_of(w)]
+        if gpu_counts.hand_count(CFG, kind) is None:
+            res["gpu"] = lambda w: SLOTS[job_of(w)]
+            if config.get("gpu_model"):
+                res["gpu_model"] = config["gpu_model"]
     return res
 
 
 def processes(kind):
-    """Processes of one job of `kind`: `resources.<kind>.processes`, else one per GPU the job asks for, else 1."""
+    """Processes of one job of `kind`: `resources.<kind>.processes`, else one per GPU the job asks for, else 1. On a
+    machine, where the planner chooses each job's count, the machine's GPUs: the rule's text names torchrun with that
+    many and opdgrpo.launch gives each job its own count, so the text does not change with the plan's counts (a
+    changed text reruns every finished job of the rule); on an 8-GPU machine it is the SLURM profile's text."""
     res = CFG.get("resources", {}).get(kind, {})
+    if MACHINE and kind in gpu_counts.GPU_KINDS and gpu_counts.hand_count(CFG, kind) is None:
+        return MACHINE.gpus
     return int(res.get("processes") or res.get("gpu") or 1)
 
 
@@ -228,5 +271,42 @@ def refuse_site_settings():
         raise WorkflowError("SLURM site settings to set before submitting:\n  " + "\n  ".join(problems))
 
 
+def start_machine():
+    """At the start, under Snakemake's local executor on a profile with a `machine` block: bound the GPU slots the
+    running jobs take together by machine.gpus (a global resource, as `--resources gpu_slots=N` would; a smaller
+    value given on the command line is kept), and give the jobs their slots' directory and the machine's devices.
+    Under any other executor SLURM (or the cluster) assigns the devices: nothing here."""
+    if MACHINE is None or getattr(workflow.executor_plugin, "name", None) != "local":
+        return
+    given = workflow.global_resources.get("gpu_slots")
+    given = given.value if given is not None else None
+    if given is not None and int(given) > MACHINE.gpus:
+        raise WorkflowError(
+            f"--resources gpu_slots={given} is more than machine.gpus ({MACHINE.gpus}): the machine has "
+            f"{MACHINE.gpus} GPU slots; raise machine.gpus instead"
+        )
+    if given is None:
+        workflow.register_resource("gpu_slots", MACHINE.gpus)
+    try:
+        import torch
+
+        found = torch.cuda.device_count()
+    except Exception:  # no usable CUDA: the slots stand for GPUs (a rehearsal on CPUs)
+        found = 0
+    try:
+        devices = gpu_slots.machine_devices(MACHINE.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"), found)
+    except ValueError as err:
+        raise WorkflowError(str(err)) from err
+    directory = MACHINE.directory(CFG)
+    set_prefix({"dir": str(Path(directory).absolute()), "devices": devices})
+    if workflow.cores < 2 * THREADS:
+        print(
+            f"machine: --cores {workflow.cores} runs one job of {THREADS} threads at a time (threads: "
+            f"{THREADS}); pass --cores all to run the jobs side by side on the {MACHINE.gpus} GPUs",
+            file=sys.stderr,
+        )
+
+
 onstart:
     refuse_site_settings()
+    start_machine()

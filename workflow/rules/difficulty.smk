@@ -15,7 +15,7 @@ rule difficulty:
     priority: lambda w: PRIORITY[w.job]
     threads: THREADS
     resources:
-        **job_resources("difficulty"),
+        **job_resources("difficulty", lambda w: w.job),
     params:
         cfg=lambda w: job_config(w.job),
         out=lambda w: PLAN.jobs[w.job].out_dir,

@@ -17,7 +17,7 @@ rule opd:
     priority: lambda w: PRIORITY[w.run]
     threads: THREADS
     resources:
-        **job_resources("train"),
+        **job_resources("train", lambda w: w.run),
         **stop_resources(lambda w: w.run),
         attempt=lambda w, attempt: attempt,
     params:

@@ -79,7 +79,10 @@ def choose(shapes: Sequence[Shape], *, hw: Hardware, settings: Mapping[str, Any]
 
 
 def _runs_on_gpus(cfg: Mapping[str, Any], kind: str) -> bool:
-    return bool(((cfg.get("resources") or {}).get(kind) or {}).get("gpu"))
+    """Whether jobs of ``kind`` run on GPUs: ``resources.<kind>.gpu`` above 0, or unset on a profile with a
+    ``machine`` block (the planner's count per job, :mod:`opdgrpo.cost.gpu_counts`)."""
+    gpu = ((cfg.get("resources") or {}).get(kind) or {}).get("gpu")
+    return bool(cfg.get("machine")) if gpu is None else bool(gpu)
 
 
 def _settings_of(job: Any) -> tuple[Mapping[str, Any], str] | None:

@@ -126,6 +126,7 @@ class JobEstimate:
     eval_s: float = 0.0                            # one evaluation, high end
     waits: dict[str, float] = field(default_factory=dict)   # seconds a rank may wait for another, by phase
     notes: list[str] = field(default_factory=list)
+    gpus_from: str = ""                            # on a machine: "plan" (chosen per job) or "set" (by hand in conf)
 
     @property
     def hours(self) -> float | None:

@@ -21,7 +21,7 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from opdgrpo.config import ConfigError
-from opdgrpo.cost import engine_share, train_time
+from opdgrpo.cost import engine_share, gpu_counts, train_time
 from opdgrpo.cost.engine_memory import pinned_while_asleep, processed_logprobs
 from opdgrpo.cost.heldout import thinking_block, thinks
 from opdgrpo.cost.job_estimate import ADVICE, DTYPE_BYTES, Hardware, JobEstimate
@@ -166,9 +166,12 @@ def _host(est: JobEstimate, rc: Mapping[str, Any], student: Shape, teachers: Seq
     est.host_steady = pinned + (4 + ADAM_STATE_BYTES) * params(student)
 
 
-def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw: Hardware | None) -> JobEstimate:
+def train_estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw: Hardware | None,
+                   gpus: int | None = None) -> JobEstimate:
+    """A training job's memory and time on ``gpus`` processes (default: its kind's, ``resources.train``); the
+    machine's planner asks at each count it considers (:mod:`opdgrpo.cost.gpu_counts`)."""
     rc = job.config
-    world = _gpus(cfg, "train")
+    world = gpus or _gpus(cfg, "train")
     student_model = model_of(rc["student"]["from"], jobs)
     student = Shape.of(architecture(cfg, student_model))
     refs = sorted({spec["from"] for spec in (rc.get("teachers") or {}).values()})   # one model per distinct teacher
@@ -231,18 +234,39 @@ def _evaluations(rc: Mapping[str, Any]) -> tuple[int, int, list[str]]:
 
 # -- the plan ------------------------------------------------------------------------------------------------------
 def estimate_jobs(cfg: Mapping[str, Any], plan: Any) -> list[JobEstimate]:
-    """Every GPU job of the plan (tokenizer and report jobs run on CPUs and are left out)."""
+    """Every GPU job of the plan (tokenizer and report jobs run on CPUs and are left out): at its kind's count, or,
+    on a profile with a ``machine`` block, at the count chosen for it there (:mod:`opdgrpo.cost.gpu_counts`)."""
+    machine = gpu_counts.check(cfg)
+    if machine is not None:
+        return machine_plan(cfg, plan, machine).estimates
     hw = Hardware.of(cfg)
     cfg = plan.config_for(cfg) if hasattr(plan, "config_for") else cfg   # with the plan's model variants (S6)
-    out = []
-    for job in plan.jobs.values():
-        if job.kind == "train":
-            out.append(train_estimate(cfg, job, plan.jobs, hw))
-        elif job.kind == "base" and job.config["model"].get("source") in ("hub", "random"):
-            out.append(base_estimate(cfg, job, hw))
-        elif job.kind == "difficulty":
-            out.append(difficulty_estimate(cfg, job, plan.jobs, hw))
-    return out
+    return [e for e in (_estimate(cfg, job, plan.jobs, hw) for job in plan.jobs.values()) if e is not None]
+
+
+def _estimate(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], hw: Hardware | None,
+              gpus: int | None = None) -> JobEstimate | None:
+    """One job's estimate on ``gpus`` GPUs (default: its kind's count); None for a job that runs on CPUs."""
+    if job.kind == "train":
+        return train_estimate(cfg, job, jobs, hw, gpus)
+    if job.kind == "base" and job.config["model"].get("source") in ("hub", "random"):
+        return base_estimate(cfg, job, hw, gpus)
+    if job.kind == "difficulty":
+        return difficulty_estimate(cfg, job, jobs, hw)
+    return None
+
+
+def machine_plan(cfg: Mapping[str, Any], plan: Any, machine: gpu_counts.Machine) -> gpu_counts.MachinePlan:
+    """Each GPU job's count on the profile's machine and its estimate there, and the DAG's schedule
+    (:func:`opdgrpo.cost.gpu_counts.choose_counts`): a count fits where the job fits in GPU and host memory, vLLM
+    would start, and it ends within its runtime where the profile sets one."""
+    hw = Hardware.of(cfg)
+    cfg = plan.config_for(cfg) if hasattr(plan, "config_for") else cfg
+
+    def fits(e: JobEstimate) -> bool:
+        return hw is None or not (memory_problems(cfg, hw, [e]) or overtime(cfg, [e]))
+
+    return gpu_counts.choose_counts(cfg, plan, machine, lambda job, g: _estimate(cfg, job, plan.jobs, hw, g), fits)
 
 
 def stop_settings(cfg: Mapping[str, Any], plan: Any, estimates: Sequence[JobEstimate] | None = None
@@ -266,6 +290,11 @@ def unfit(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[str]
     hw = Hardware.of(cfg)
     if hw is None:
         return []
+    return memory_problems(cfg, hw, estimates) + overtime(cfg, estimates)
+
+
+def memory_problems(cfg: Mapping[str, Any], hw: Hardware, estimates: Sequence[JobEstimate]) -> list[str]:
+    """The memory half of :func:`unfit`: GPU memory, vLLM's start, host memory."""
     out = [f"job `{e.job}`: {e.peak / GIB:.1f} GiB per GPU ({e.peak_phase} peaks) > {hw.budget / GIB:.1f} GiB usable "
            f"on {hw.name}; change: {e.advice()}" for e in estimates if e.peak > hw.budget]
     out += engine_refusals(hw, estimates)
@@ -278,7 +307,7 @@ def unfit(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[str]
                     e.host_steady: "while it runs (sleeping engines' pinned weights, a checkpoint save)"}[e.host_peak]
             out.append(f"job `{e.job}`: {e.host_peak / GIB:.0f} GiB of host memory {when} > resources.{e.kind}.mem_mb "
                        f"({limit / GIB:.0f} GiB); change: a higher resources.{e.kind}.mem_mb")
-    return out + overtime(cfg, estimates)
+    return out
 
 
 def overtime(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> list[str]:
@@ -362,10 +391,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = build_plan(cfg)
         estimates = estimate_jobs(cfg, plan)
         stops = stop_settings(cfg, plan, estimates)
+        machine = gpu_counts.Machine.of(cfg)
+        on_machine = (machine.gpus, gpu_counts.schedules(plan, machine, estimates)) if machine else None
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(summary(cfg, estimates, stops))
+    print(summary(cfg, estimates, stops, on_machine))
     problems = unfit(cfg, estimates)
     for p in problems:
         print(f"error: {p}", file=sys.stderr)

@@ -125,13 +125,14 @@ def _time(cfg: Mapping[str, Any], est: JobEstimate, shape: Shape, sampler: Sampl
     est.waits["engine start"] = max(est.waits.get("engine start", 0.0), 3600 * up[1])
 
 
-def base_estimate(cfg: Mapping[str, Any], job: Any, hw: Hardware | None) -> JobEstimate:
-    """A base job: the model's evaluation over every held-out set, split over ``resources.base.gpu`` processes."""
+def base_estimate(cfg: Mapping[str, Any], job: Any, hw: Hardware | None, gpus: int | None = None) -> JobEstimate:
+    """A base job: the model's evaluation over every held-out set, split over ``gpus`` processes (default
+    ``resources.base.gpu``; the machine's planner asks at each count it considers)."""
     rc = job.config
     name = rc["name"]
     cap = base_cap(cfg, rc)
     sets, unsized = base_sets(cfg, rc, thinks(cfg, name))
-    gpus = int(((cfg.get("resources") or {}).get("base") or {}).get("gpu") or 1)
+    gpus = gpus or int(((cfg.get("resources") or {}).get("base") or {}).get("gpu") or 1)
     prompt = longest_prompt(cfg, sorted(rc.get("domains") or cfg["domains"]), cap)
     est = estimate(cfg, job.id, "base", [Sampler(name, _bytes(rc["model"].get("dtype")), sets, cap)],
                    schema.with_defaults(rc["pretrain"].get("eval") or {}, "config.schema.yaml#/$defs/pretrain", "eval"),

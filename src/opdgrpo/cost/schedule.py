@@ -100,13 +100,16 @@ def estimated_seconds(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any])
     return OVERHEAD_S + steps * step / TRAIN_RATE + eval_flops / EVAL_RATE
 
 
-def priorities(cfg: Mapping[str, Any], plan: Any) -> dict[str, int]:
+def priorities(cfg: Mapping[str, Any], plan: Any, hours: Mapping[str, float] | None = None) -> dict[str, int]:
     """Each job's priority: the rank (1 = least) of its estimated seconds plus the longest estimated chain of jobs
     that need it. Ranks, not seconds: Snakemake's scheduler sums the priorities of the jobs it starts together, and
-    small integers keep that sum exact at any scale."""
+    small integers keep that sum exact at any scale. ``hours``: each job's hours on the GPUs of a ``machine`` at its
+    count (:func:`opdgrpo.cost.gpu_counts.machine_hours`), instead of the CPU estimate, so the rules start jobs in the
+    order the machine's schedule was simulated in (:mod:`opdgrpo.cost.makespan`)."""
     jobs = plan.jobs
     cfg = plan.config_for(cfg) if hasattr(plan, "config_for") else cfg   # with the plan's model variants (S6)
-    own = {jid: estimated_seconds(cfg, job, jobs) for jid, job in jobs.items()}
+    own = ({jid: OVERHEAD_S + 3600 * float(hours.get(jid, 0.0)) for jid in jobs} if hours is not None
+           else {jid: estimated_seconds(cfg, job, jobs) for jid, job in jobs.items()})
     children: dict[str, list[str]] = {jid: [] for jid in jobs}
     for jid, job in jobs.items():
         for up in job.upstream:

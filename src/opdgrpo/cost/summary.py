@@ -7,6 +7,7 @@ from typing import Any, Mapping, Sequence
 
 from opdgrpo.cost.heldout import EvalSet
 from opdgrpo.cost.job_estimate import COSTS, Hardware, JobEstimate
+from opdgrpo.cost.makespan import Schedule
 from opdgrpo.cost.memory_model import GIB
 from opdgrpo.cost.stops import StopSettings
 
@@ -24,7 +25,8 @@ def table(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate]) -> str:
         hours = "-" if e.hours is None else _span(e.hours, e.hours_high, ".1f")
         gpu_hours = "-" if e.hours is None else _span(e.hours * e.gpus, (e.hours_high or 0) * e.gpus, ".0f")
         allocations = "-" if e.hours is None else str(e.attempts)
-        lines.append(f"| {e.job} | {e.gpus} | " + " | ".join(cells) + f" | {e.peak_phase} "
+        gpus = f"{e.gpus} ({e.gpus_from})" if e.gpus_from else str(e.gpus)
+        lines.append(f"| {e.job} | {gpus} | " + " | ".join(cells) + f" | {e.peak_phase} "
                      f"({e.phases.get(e.peak_phase, 0.0) / GIB:.1f}) | {e.peak / GIB:.1f} | {fits} | {_host(e)} | {hours} "
                      f"| {gpu_hours} | {allocations} | {_engine_setting(e, 'gpu_memory_utilization')} "
                      f"| {_engine_setting(e, 'max_num_seqs')} | {_rows_at_once(e)} |")
@@ -140,7 +142,7 @@ def _where(cfg: Mapping[str, Any], hw: Hardware | None) -> str:
                "trainer's static memory, or alone on the GPU), '(set)' where conf or the command line sets them. "
                "'allocations': what a job needs of resources.<kind>.runtime at the high end")
     on_cpus = sorted(kind for kind, block in (cfg.get("resources") or {}).items()
-                     if isinstance(block, Mapping) and "gpu" in block and not block.get("gpu") and kind != "tokenizer")
+                     if isinstance(block, Mapping) and block.get("gpu", None) == 0 and kind != "tokenizer")
     if on_cpus:   # e.g. the rehearsal: the paper's plan, run on CPUs
         where += (f"\n\nThis profile runs its {', '.join(on_cpus)} jobs on CPUs (resources.<kind>.gpu: 0): the figures "
                   f"below are what its plan would need on the {hw.name} of its `hardware` block, not what it uses here "
@@ -148,16 +150,30 @@ def _where(cfg: Mapping[str, Any], hw: Hardware | None) -> str:
     return where
 
 
+def machine_lines(gpus: int, schedules: tuple[Schedule, Schedule]) -> str:
+    """The DAG's wall time on the profile's machine at both ends, and how busy its GPUs are (the high end)."""
+    low, high = schedules
+    busy = high.gpu_hours / (gpus * high.makespan) if high.makespan else 0.0
+    return (f"On one machine of {gpus} GPUs (machine.gpus), each job on the GPUs of its row ('plan': chosen per job so "
+            "the DAG ends soonest, by simulating it; 'set': resources.<kind>.gpu), jobs side by side as the rules start "
+            f"them (critical path first, a job waiting for its GPUs): **{_span(low.makespan, high.makespan, ',.0f')} "
+            f"hours of wall time**, the GPUs busy {100 * busy:.0f}% of it at the high end (docs/one-machine.md).")
+
+
 def summary(cfg: Mapping[str, Any], estimates: Sequence[JobEstimate],
-            stops: Mapping[str, StopSettings] | None = None) -> str:
+            stops: Mapping[str, StopSettings] | None = None,
+            machine: tuple[int, tuple[Schedule, Schedule]] | None = None) -> str:
+    """The printout; ``machine``: the machine's GPUs and the DAG's (low, high) schedules on it, where the profile
+    has a ``machine`` block (:func:`opdgrpo.cost.gpu_counts.schedules`)."""
     hw = Hardware.of(cfg)
     low = sum((e.hours or 0.0) * e.gpus for e in estimates)
     high = sum((e.hours_high or e.hours or 0.0) * e.gpus for e in estimates)
     text = (f"# Estimated peak GPU memory per device and wall time: profile `{cfg.get('profile')}`, "
             f"{len(estimates)} GPU jobs\n\n{_where(cfg, hw)}\n\n{table(cfg, estimates)}\n\n")
     if hw:
-        text += (f"Total: {_span(low, high, ',.0f')} GPU-hours ({_span(low / 8, high / 8, ',.0f')} hours of one 8-GPU "
-                 f"node), by cost:\n{cost_lines(estimates)}\n\n{_eval_tables(cfg, estimates)}\n\n")
+        text += f"Total: {_span(low, high, ',.0f')} GPU-hours ({_span(low / 8, high / 8, ',.0f')} hours of one 8-GPU node)"
+        text += f". {machine_lines(*machine)}\n\nBy cost:" if machine else ", by cost:"
+        text += f"\n{cost_lines(estimates)}\n\n{_eval_tables(cfg, estimates)}\n\n"
         if stops:
             text += ("Stop settings the rules pass on (a training job's SLURM warning --signal=URG@<lead>, torchrun's "
                      "--shutdown-timeout, the process group's timeout; "

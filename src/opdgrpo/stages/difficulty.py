@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from opdgrpo import schema
+from opdgrpo import gpu_slots, schema
 from opdgrpo.domains import Domain, Task, build_domain
 from opdgrpo.progress import Progress
 from opdgrpo.runio import write_json, write_yaml
@@ -138,6 +138,7 @@ def select(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
                "wall_s": round(time.time() - started, 1), "numerics": numerics.report()}
     if samplers:   # where each model was sampled: its own process, its engine as vLLM placed it
         summary["samplers"] = samplers
+    gpu_slots.record_into(summary)   # on a machine: the GPU slots the job ran on (opdgrpo.launch)
     write_json(out_dir / "done.json", summary)
     return summary
 

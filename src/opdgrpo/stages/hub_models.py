@@ -118,6 +118,7 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path, collective_timeout_s: float |
     held-out accuracy (not counted). Under torchrun (``resources.base.gpu`` processes, one per GPU) each process
     samples a contiguous share of every held-out set with its own engine and the shares are gathered in order
     (:func:`opdgrpo.train.evaluation.evaluate`); the main process writes."""
+    from opdgrpo import gpu_slots
     from opdgrpo.runio import rewrite_jsonl, write_json, write_yaml
     from opdgrpo.train import numerics
     from opdgrpo.train.finished import checkpoint_record
@@ -146,6 +147,7 @@ def fetch_base(cfg: dict[str, Any], out_dir: Path, collective_timeout_s: float |
                "numerics": numerics.report()}
     if placement is not None:
         summary["engines"] = placement
+    gpu_slots.record_into(summary)   # on a machine: the GPU slots the job ran on (opdgrpo.launch)
     # what downstream runs check and identify: the cache's content-addressed names, or a random model's settings
     summary["checkpoint"] = checkpoint_record(checkpoint, hash_contents=False, settings=dict(model_cfg))
     write_json(out_dir / "done.json", summary)

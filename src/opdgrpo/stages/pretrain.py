@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from opdgrpo import schema
+from opdgrpo import gpu_slots, schema
 from opdgrpo.domains import build_domain
 from opdgrpo.progress import Progress, clock
 from opdgrpo.runio import append_jsonl, rewrite_jsonl, write_json, write_yaml
@@ -143,6 +143,7 @@ def pretrain(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         "numerics": numerics.report(),   # the machine's fingerprint, which exact fast paths ran, the precision chosen
         "checkpoint": checkpoint_record(out_dir / "checkpoint", hash_contents=True),   # what downstream runs check
     }
+    gpu_slots.record_into(summary)   # on a machine: the GPU slots the job ran on (opdgrpo.launch)
     write_json(out_dir / "done.json", summary)
     progress.event("done", {"steps": steps, "wall": clock(summary["wall_s"]), "loss": summary["final_loss"],
                             **{f"{r['eval_domain']}/{r['eval_set']}": round(r["accuracy"], 4) for r in results}})

@@ -36,6 +36,7 @@ from typing import Any, Iterator
 
 import torch
 
+from opdgrpo import gpu_slots
 from opdgrpo.domains import Task, build_domain
 from opdgrpo.progress import Progress, clock
 from opdgrpo.run_shape import RunShape
@@ -569,6 +570,7 @@ def _finish(run: Run, final: dict[str, Any], started: float) -> dict[str, Any]:
     placement = getattr(run.engine, "placement", None)
     if placement is not None:   # where each rank's vLLM engine ran, as vLLM reports it (a collective: every rank)
         summary["engines"] = run.workers.gather(placement)
+    gpu_slots.record_into(summary)   # on a machine: the GPU slots the job ran on (opdgrpo.launch)
     if run.main:
         totals: dict[str, float] = {}
         ledger = read_jsonl(run.ledger)
