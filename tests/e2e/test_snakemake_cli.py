@@ -31,6 +31,8 @@ def runs(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]
     dirs["paper_too_big"] = tmp_path_factory.mktemp("paper_too_big")
     cmds["paper_too_big"] = [*SNAKEMAKE, "-n", "--cores", "1", "--config", "profile=paper",
                              f'overrides=["results_dir={dirs["paper_too_big"]}","train.vllm.gpu_memory_utilization=0.9"]']
+    dirs["node"] = tmp_path_factory.mktemp("node")
+    cmds["node"] = [*SNAKEMAKE, "-n", "--cores", "1", "--config", "profile=node", f'overrides=["results_dir={dirs["node"]}"]']
     dirs["plain"] = tmp_path_factory.mktemp("plain")
     cmds["plain"] = [sys.executable, "-m", "snakemake", "--directory", str(dirs["plain"]), TOKENIZER, "--config", "profile=smoke"]
     done = run_side_by_side(cmds, timeout=900, cwd=REPO)
@@ -70,6 +72,17 @@ def test_snakemake_dry_run_lists_the_paper_dag_with_resources(paper_dry_run):
     for rule, warned in (("grpo", True), ("opd", True), ("pretrain", False)):
         blocks = re.findall(rf"^(?:local)?rule {rule}:\n(.*?)(?=^\S|\Z)", text, flags=re.M | re.S)
         assert blocks and all(bool(re.search(r"slurm_extra=--signal=URG@\d+", b)) == warned for b in blocks), rule
+
+
+def test_snakemake_dry_run_lists_the_node_dag_offline(runs):
+    """profile=node (docs/node-profile.md): S3 and S4 over three seeds, one base model, 8 GPUs per job."""
+    _, out = runs["node"]
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", text, flags=re.M))
+    assert {k: int(counts[k]) for k in ("tokenizer", "pretrain", "grpo", "opd", "report")} == {
+        "tokenizer": 1, "pretrain": 1, "grpo": 9, "opd": 9, "report": 1}, counts
+    assert re.search(r"gpu=8", text) and re.search(r"runtime=480", text)
 
 
 def test_snakemake_refuses_a_paper_job_that_would_not_fit_its_gpus(runs):
