@@ -184,6 +184,16 @@ def test_node_profile_plans_s3_and_s4_on_the_1p7b_student_with_three_seeds(tmp_p
     teachers = plan.jobs["opd-experts-math+code-s1"].config["teachers"]
     assert {d: t["from"] for d, t in teachers.items()} == {"math": "run:grpo-student-math-s1",
                                                            "code": "run:grpo-student-code-s1"}
+    # what `opdgrpo fetch --profile node` fetches: the student (its repo also serves the tokenizer) and three splits
+    from opdgrpo.stages.fetch import used_items
+    from opdgrpo.stages.hub_cache import config_items
+
+    used = {(i.kind, i.path, i.spec.get("name"), i.spec.get("split")) for i in used_items(plan.jobs.values())}
+    assert used == {("model", "Qwen/Qwen3-1.7B-Base", None, None),
+                    ("dataset", "DigitalLearningGmbH/MATH-lighteval", "default", "train"),
+                    ("dataset", "DigitalLearningGmbH/MATH-lighteval", "default", "test"),
+                    ("dataset", "lighteval/code_generation_lite", "release_v6", "test")}
+    assert {i.identity for i in config_items(cfg)} == {i.identity for i in used_items(plan.jobs.values())}
 
 
 def test_s2_spreads_its_subsets_over_the_seeds_and_ranks_over_all_of_them():
