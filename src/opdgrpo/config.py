@@ -97,14 +97,16 @@ def workflow_overrides(config: dict[str, Any]) -> list[str]:
 
 
 #: The blocks whose entries a profile may switch off by setting them to null.
-SWITCHABLE = ("studies", "models")
+SWITCHABLE = ("studies", "models", "domains")
 
 
 def drop_switched_off(cfg: dict[str, Any]) -> dict[str, Any]:
-    """``cfg`` without the studies and models set to null.
+    """``cfg`` without the studies, models and domains set to null.
 
     A profile built on another (``tiny-map`` on ``tiny``) names what it does not run as ``studies.S1: null``; Hydra
-    cannot delete a key from a config file, only from the command line (``~studies.S1``)."""
+    cannot delete a key from a config file, only from the command line (``~studies.S1``). A domain no study of the
+    profile trains on is dropped the same way (``node`` drops the paper's IFEval and knowledge domains), so neither
+    its base evaluation nor `opdgrpo fetch` reads its data sets."""
     for block in SWITCHABLE:
         if isinstance(cfg.get(block), dict):
             cfg[block] = {k: v for k, v in cfg[block].items() if v is not None}
@@ -322,9 +324,18 @@ def _validate_domains(cfg: dict[str, Any]) -> None:
                                   f"set it to 0")
         if getattr(KINDS[kind], "LAZY_POOLS", False):
             # Hub data sets load in the jobs (on the cluster, with the hub cache), not when the DAG is planned:
-            # `snakemake -n` works offline. Their source blocks are checked here; rows are checked by the jobs.
+            # `snakemake -n` works offline. Their source blocks are checked here, and the domain is built (its
+            # constructor checks its own keys, loading nothing); rows are checked by the jobs.
             _check_sources(name, dcfg)
+            try:
+                build_domain(dcfg)
+            except (ValueError, KeyError, TypeError) as err:
+                raise ConfigError(f"config block `domains.{name}`: {err}") from err
             continue
+        sets = {"train": dcfg.get("train")} | {f"heldout.{s}": spec for s, spec in dcfg["heldout"].items()}
+        for where in [w for w, block in sets.items() if isinstance(block, dict) and "keep" in block]:
+            raise ConfigError(f"config key `domains.{name}.{where}.keep`: kind {kind!r} generates its tasks, it "
+                              f"reads no data set whose rows `keep` could select (hub kinds only); remove the key")
         try:
             domain = build_domain(dcfg)
             pool, sets = domain.training_pool(), domain.heldout_sets()

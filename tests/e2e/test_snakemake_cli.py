@@ -35,6 +35,8 @@ def runs(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]
     cmds["machine"] = [*SNAKEMAKE, "-n", "-p", "--cores", "1", "--config", "profile=paper",
                        f'overrides=["results_dir={dirs["machine"]}","+machine={{gpus: 8}}","resources.train.gpu=null",'
                        '"resources.base.gpu=null"]']
+    dirs["node"] = tmp_path_factory.mktemp("node")
+    cmds["node"] = [*SNAKEMAKE, "-n", "--cores", "1", "--config", "profile=node", f'overrides=["results_dir={dirs["node"]}"]']
     dirs["plain"] = tmp_path_factory.mktemp("plain")
     cmds["plain"] = [sys.executable, "-m", "snakemake", "--directory", str(dirs["plain"]), TOKENIZER, "--config", "profile=smoke"]
     done = run_side_by_side(cmds, timeout=900, cwd=REPO)
@@ -90,6 +92,17 @@ def test_on_one_machine_each_paper_job_gets_its_own_count_and_the_rules_text_sta
     launch = re.findall(r"exec \S+ -m opdgrpo\.launch -- \S+ -m torch\.distributed\.run --standalone --nnodes 1 "
                         r"--nproc_per_node 8 --shutdown-timeout \d+ -m opdgrpo\.cli train ", text)
     assert len(launch) == 31, len(launch)   # every training job (the text: 8, the SLURM profile's; each job its own)
+
+
+def test_snakemake_dry_run_lists_the_node_dag_offline(runs):
+    """profile=node (docs/node-profile.md): S3 and S4 over three seeds, one base model, 8 GPUs per job."""
+    _, out = runs["node"]
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", text, flags=re.M))
+    assert {k: int(counts[k]) for k in ("tokenizer", "pretrain", "grpo", "opd", "report")} == {
+        "tokenizer": 1, "pretrain": 1, "grpo": 9, "opd": 9, "report": 1}, counts
+    assert re.search(r"gpu=8", text) and re.search(r"runtime=480", text)
 
 
 def test_snakemake_refuses_a_paper_job_that_would_not_fit_its_gpus(runs):

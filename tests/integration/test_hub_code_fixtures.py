@@ -169,6 +169,46 @@ def test_other_deepcoder_test_formats():
     assert d.to_task({"problem": "P", "tests": json.dumps(prime_call)}, "domains.code.train") is None
 
 
+# -- the node profile's LiveCodeBench split (conf/domain/node_code.yaml) ---------------------------------------
+
+def node_config() -> dict:
+    """conf/domain/node_code.yaml with both sources pointed at the LiveCodeBench fixture (the only change but the
+    fast verifier)."""
+    cfg = yaml.safe_load((REPO / "conf" / "domain" / "node_code.yaml").read_text())
+    cfg["train"]["source"]["path"] = str(LCB)
+    cfg["heldout"]["lcb"]["source"]["path"] = str(LCB)
+    cfg["verifier"] = dict(FAST)
+    return cfg
+
+
+def test_node_code_trains_before_the_window_on_easy_and_medium_and_holds_out_every_problem_after_it():
+    d = HubCodeDomain(node_config())
+    held = {t.meta["question_id"]: t for t in d.heldout_sets()["lcb"]}
+    assert sorted(held) == ["3901", "3902", "3903", "abc901_a", "abc902_b"]     # every difficulty from 2024-08-01
+    pool = d.training_pool()
+    assert [(t.meta["question_id"], t.meta["difficulty"]) for t in pool] == [("abc351_a", "easy")]
+    assert not {t.prompt for t in pool} & {t.prompt for t in held.values()}
+    right = "s = input().strip()\nprint(sum(c in 'aeiou' for c in s))\n"
+    assert d.score(pool * 2, [answer(right), answer("print(0)\n")]) == [1.0, 0.0]     # in the sandbox
+    assert d.score([held["abc901_a"]], [answer(SOLUTIONS["abc901_a"])]) == [1.0]
+
+
+def test_keep_slices_by_difficulty_and_names_its_key():
+    cfg = node_config()
+    cfg["heldout"]["lcb"]["keep"] = {"difficulty": ["easy"]}
+    easy = HubCodeDomain(cfg).heldout_sets()["lcb"]
+    assert sorted(t.meta["question_id"] for t in easy) == ["3902", "abc901_a"]
+    cfg["train"]["keep"] = {"difficulty": ["hard"]}
+    with pytest.raises(ValueError, match=r"domains\.code\.train\.keep.*no row.*hard"):
+        HubCodeDomain(cfg).training_pool()
+    cfg["train"]["keep"] = {"rating": [800]}
+    with pytest.raises(ValueError, match=r"domains\.code\.train\.keep.*lacks column.*rating"):
+        HubCodeDomain(cfg).training_pool()
+    cfg["train"]["keep"] = {"difficulty": []}
+    with pytest.raises(ValueError, match=r"domains\.code\.train\.keep\.difficulty.*non-empty list"):
+        HubCodeDomain(cfg)
+
+
 # -- grading ---------------------------------------------------------------------------------------------
 def test_reference_solutions_pass(domain, lcb):
     tasks = list(lcb.values())

@@ -171,6 +171,75 @@ def test_bad_source_names_the_key(mutate, needle):
         HubMathDomain(cfg).training_pool()
 
 
+# -- the node profile's MATH (conf/domain/node_math.yaml) ----------------------------------------------------
+
+MATH_LIGHTEVAL = HUB / "DigitalLearningGmbH__MATH-lighteval"
+
+
+def node_cfg() -> dict:
+    """conf/domain/node_math.yaml with both sources pointed at the MATH-lighteval fixture (the only change)."""
+    cfg = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "domain" / "node_math.yaml"))
+    cfg["train"]["source"]["path"] = str(MATH_LIGHTEVAL)
+    cfg["heldout"]["math"]["source"]["path"] = str(MATH_LIGHTEVAL)
+    cfg["verifier"].update({"workers": 0, "timeout_s": 2})
+    return cfg
+
+
+@pytest.mark.parametrize("split,rows", [("train", FIX.MATH_TRAIN), ("test", FIX.MATH_TEST)])
+def test_math_lighteval_fixture_loads_like_the_hub(split, rows):
+    loaded = datasets.load_dataset(str(MATH_LIGHTEVAL), "default", split=split)
+    assert loaded.features == FIX.MATH_FEATURES and loaded.to_list() == rows     # the committed parquet = make_math.py
+    assert {r["level"] for r in FIX.MATH_TRAIN} == {f"Level {i}" for i in range(1, 6)} | {"Level ?"}
+
+
+def test_node_math_keeps_levels_3_to_5_reads_the_last_box_and_scores_through_math_verify():
+    d = HubMathDomain(node_cfg())
+    held = d.heldout_sets()["math"]        # size 1000 > the fixture's 5: every row, in a seeded order
+    assert sorted(t.answer for t in held) == sorted(["39", "\\frac{3}{2}", "\\left( 3, \\frac{\\pi}{2} \\right)",
+                                                     "5\\sqrt{2}", "14"])
+    pool = d.training_pool()
+    # levels 1, 2 and "?" dropped by `keep`; the level-3 problem shared with the test split by decontamination;
+    # the last box read (the level-5 solution boxes a wrong first guess), \fbox{} too
+    assert [t.answer for t in pool] == ["\\frac{3}{8}", "5", "0,2"]
+    assert all(t.prompt.endswith("within \\boxed{}.") for t in pool + held)
+    right = [f"So the answer is $\\boxed{{{t.answer}}}$." for t in held + pool]
+    assert d.score(held + pool, right) == [1.0] * len(right)
+    assert d.score(held[:1] + pool[:1], ["\\boxed{7}", "The answer is \\boxed{3/8}."]) == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda c: c["train"].update(answer_format="latex"), r"domains\.math\.train\.answer_format.*plain.*boxed"),
+    (lambda c: c["heldout"]["math"].update(keep={"level": "Level 3"}), r"heldout\.math\.keep\.level.*non-empty list"),
+    (lambda c: c["train"].update(keep=["Level 3"]), r"domains\.math\.train\.keep.*map column names"),
+])
+def test_node_math_bad_keys_fail_at_construction_naming_them(mutate, needle):
+    cfg = node_cfg()
+    mutate(cfg)
+    with pytest.raises(ValueError, match=needle):
+        HubMathDomain(cfg)
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda c: c["train"].update(keep={"difficulty": ["easy"]}), r"train\.keep.*lacks column.*difficulty"),
+    (lambda c: c["heldout"]["math"].update(keep={"level": ["Level 9"]}), r"heldout\.math\.keep.*no row.*Level 9"),
+])
+def test_node_math_keep_names_its_key_when_it_matches_nothing(mutate, needle):
+    cfg = node_cfg()
+    mutate(cfg)
+    with pytest.raises(ValueError, match=needle):
+        HubMathDomain(cfg).training_pool()
+
+
+def test_a_heldout_solution_without_a_box_is_an_error(tmp_path):
+    rows = copy.deepcopy(FIX.MATH_TEST)
+    rows[2]["solution"] = "The point is $(3, \\pi/2)$."
+    datasets.Dataset.from_list(rows, features=FIX.MATH_FEATURES).to_parquet(str(tmp_path / "test.parquet"))
+    cfg = node_cfg()
+    cfg["heldout"]["math"]["source"] = {"path": str(tmp_path), "split": "test"}
+    with pytest.raises(ValueError, match=r"heldout\.math`: held-out row '[0-9a-f]{12}' has no \\boxed\{\} answer.*format"):
+        HubMathDomain(cfg).heldout_sets()
+
+
 # -- the verifier --------------------------------------------------------------------------------------------
 
 

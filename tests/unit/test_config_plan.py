@@ -79,11 +79,27 @@ def test_an_opd_edit_changes_only_opd_job_configs():
         ("+studies.S1.tolerance=1", "studies.S1.tolerance"),
         ("+studies.S5b.student=teacher_m", "studies.S5b.student"),
         ("+studies.S2.pool=10", "studies.S2.pool"),                            # a typo of pool_size
+        ("studies.S4.distill_eval_every=0", "studies.S4.distill_eval_every"),
+        ("+domains.math.train.keep={level: [1]}", "domains.math.train.keep"),  # a tiny kind has no rows to keep
     ],
 )
 def test_bad_config_fails_early_naming_the_key(override, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         plan_for(override)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("domains.math.train.keep.level=[]", "domains.math.train.keep.level"),
+    ("+domains.code.heldout.lcb.keep={difficulty: easy}", "domains.code.heldout.lcb.keep.difficulty"),
+    ("domains.math.heldout.math.answer_format=latex", "domains.math.heldout.math.answer_format"),   # the kind's own check
+    ("+domains.code.train.max_tests=0", "domains.code.train.max_tests"),
+    ("+methods.grpo.domain_steps.poetry=3", "methods.grpo.domain_steps"),   # a null entry is the only unknown allowed
+])
+def test_bad_hub_keys_fail_when_the_config_is_composed(override, message):
+    """Hub domains load their rows in the jobs, but each one is built when the config is composed, so its own keys
+    (a `keep` block, MATH's answer format, a code set's limits) fail before anything is scheduled."""
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        build_plan(compose(["profile=node", override], CONF))
 
 
 def test_unknown_profile_is_named():
@@ -151,6 +167,35 @@ def test_paper_profile_plans_every_study_offline(tmp_path):
     assert cfg["models"]["qwen3_32b"]["path"] == "Qwen/Qwen3-32B"
 
 
+def test_node_profile_plans_s3_and_s4_on_the_1p7b_student_with_three_seeds(tmp_path):
+    """profile=node: the paper's S3 and S4 only, one student (no external teacher), the paper's other domains and
+    models switched off (null), each run's steps and the distillation's own evaluation cadence."""
+    cfg = compose(["profile=node", f"results_dir={tmp_path}"], REPO / "conf")
+    assert set(cfg["studies"]) == {"S3", "S4"} and set(cfg["domains"]) == {"math", "code"}
+    assert set(cfg["models"]) == {"student"} and cfg["models"]["student"]["path"] == "Qwen/Qwen3-1.7B-Base"
+    plan = build_plan(cfg)
+    assert [j.id for j in plan.jobs.values() if j.kind == "base"] == ["base-student"]
+    steps = {j.id: (j.config["method"]["steps"], j.config["train"]["eval_every"]) for j in plan.runs()}
+    for seed in (0, 1, 2):
+        assert {k[:-3]: v for k, v in steps.items() if k.endswith(f"-s{seed}")} == {
+            "grpo-student-math": (200, 10), "grpo-student-code": (60, 10), "grpo-student-math+code": (250, 10),
+            "opd-self_n1-math": (200, 10), "opd-self_n8-math": (200, 10), "opd-experts-math+code": (19, 2)}
+    assert len(steps) == 18
+    teachers = plan.jobs["opd-experts-math+code-s1"].config["teachers"]
+    assert {d: t["from"] for d, t in teachers.items()} == {"math": "run:grpo-student-math-s1",
+                                                           "code": "run:grpo-student-code-s1"}
+    # what `opdgrpo fetch --profile node` fetches: the student (its repo also serves the tokenizer) and three splits
+    from opdgrpo.stages.fetch import used_items
+    from opdgrpo.stages.hub_cache import config_items
+
+    used = {(i.kind, i.path, i.spec.get("name"), i.spec.get("split")) for i in used_items(plan.jobs.values())}
+    assert used == {("model", "Qwen/Qwen3-1.7B-Base", None, None),
+                    ("dataset", "DigitalLearningGmbH/MATH-lighteval", "default", "train"),
+                    ("dataset", "DigitalLearningGmbH/MATH-lighteval", "default", "test"),
+                    ("dataset", "lighteval/code_generation_lite", "release_v6", "test")}
+    assert {i.identity for i in config_items(cfg)} == {i.identity for i in used_items(plan.jobs.values())}
+
+
 def test_s2_spreads_its_subsets_over_the_seeds_and_ranks_over_all_of_them():
     """tiny: 8 subsets over seeds 0, 1, 2 (3, 3 and 2 subsets); each seed's ranking names every subset's GRPO run."""
     plan = build_plan(compose(["profile=tiny"], CONF))
@@ -178,7 +223,7 @@ def test_grpo_refuses_to_skip_scoring():
         compose(["profile=smoke", "+methods.grpo.score_rollouts=false"], CONF)
 
 
-@pytest.mark.parametrize("profile", ["smoke", "tiny", "rehearsal", "paper"])
+@pytest.mark.parametrize("profile", ["smoke", "tiny", "rehearsal", "paper", "node"])
 def test_each_job_names_every_upstream_job_by_its_role(profile):
     """What the rules name as a job's inputs (Plan.inputs): every upstream job under one role, each role of a run
     the job that made the checkpoint or file its config reads."""

@@ -11,7 +11,7 @@ import pytest
 from math_cases import CASES
 from omegaconf import OmegaConf
 
-from opdgrpo.domains.hub_math import HubMathDomain, gold_string, strip_dapo_wrapper
+from opdgrpo.domains.hub_math import HubMathDomain, gold_string, last_boxed, strip_dapo_wrapper
 from opdgrpo.verifiers.math import MathVerifier, verify_one
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,6 +63,19 @@ def test_gold_strings_and_dapo_wrapper():
 @pytest.mark.parametrize("gold,completion,expected", CASES)
 def test_verify_one(gold, completion, expected):
     assert float(verify_one(gold, completion, timeout_s=2)) == expected
+
+
+@pytest.mark.parametrize("solution,answer", [
+    ("so the probability is $\\boxed{\\frac{3}{8}}$.", "\\frac{3}{8}"),           # nested braces
+    ("a guess $\\boxed{2}$ is wrong; the roots are $\\boxed{0,2}$.", "0,2"),       # the last box
+    ("the distance is $\\fbox{5}$.", "5"),                                         # MATH's few \\fbox{}
+    ("hence $\\boxed 7$.", "7"),                                                   # the brace-less form
+    ("it is $\\boxed{\\{1,2\\}}$", "\\{1,2\\}"),                                  # escaped braces balance
+    ("no box in this solution", None),
+    ("cut off: $\\boxed{\\frac{1}{2}", None),
+])
+def test_last_boxed_reads_a_worked_solutions_answer(solution, answer):
+    assert last_boxed(solution) == answer
 
 
 def test_in_process_scoring_refuses_non_main_threads():

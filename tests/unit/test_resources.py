@@ -36,6 +36,18 @@ def test_every_paper_job_fits_its_gpus(paper, capsys):
     assert "| **no** |" not in out and "GPU-hours" in out
 
 
+def test_the_node_profile_fits_an_h100_and_its_budget(capsys):
+    """profile=node, three seeds of S3 and S4: every job fits an H100 80GB and finishes in one allocation, and the
+    whole profile stays within 170 GPU-hours at the high end (docs/node-profile.md)."""
+    cfg = compose(["profile=node"])
+    estimates = resources.estimate_jobs(cfg, build_plan(cfg))
+    assert len(estimates) == 19 and resources.unfit(cfg, estimates) == []
+    assert all(e.attempts == 1 for e in estimates)
+    assert sum(e.hours_high * e.gpus for e in estimates) <= 170
+    assert resources.main(["--profile", "node"]) == 0
+    assert "| **no** |" not in capsys.readouterr().out
+
+
 def test_fsdp_shards_what_ddp_replicates(paper):
     cfg, plan = paper
     job = plan.jobs["grpo-student-math-s0"]

@@ -97,11 +97,13 @@ def cost_block(cfg: Mapping[str, Any]) -> dict[str, Any]:
 def _thinking_block(raw: Any, known: set[str]) -> dict[str, float]:
     """``cost_model.thinking``: mean response tokens per domain of a model sampling in thinking mode (the Qwen3
     teachers' base evaluation, S2's teacher solve rates, a GRPO run of a thinking model; see
-    :mod:`opdgrpo.cost.heldout`). A domain without a figure is priced at the cap there (every answer runs to it)."""
+    :mod:`opdgrpo.cost.heldout`). A domain without a figure, or with null (a profile that drops a domain of the
+    profile it builds on), is priced at the cap there (every answer runs to it)."""
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config key `cost_model.thinking` must be a mapping of domain -> tokens, got {raw!r}")
+    raw = {d: v for d, v in raw.items() if v is not None}
     for domain, value in raw.items():
         if known and domain not in known:
             raise ConfigError(f"config key `cost_model.thinking.{domain}`: no such domain; domains: {sorted(known)}")

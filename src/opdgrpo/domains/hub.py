@@ -56,6 +56,9 @@ class HubDomain:
 
     - ``train: {source, size, seed}``: the RL training set; ``size`` keeps a seeded sample (null: all rows);
     - ``heldout: {<set>: {source, size, k}}``: held-out benchmarks; ``k`` samples per prompt (avg@k, pass@k);
+    - per set, ``keep: {<column>: [values]}``: only rows whose column holds one of the values (a difficulty slice:
+      ``{level: [Level 3, Level 4, Level 5]}`` of MATH, ``{difficulty: [easy, medium]}`` of LiveCodeBench), before
+      ``size`` samples and before any row is turned into a task;
     - ``prompt_template``: how a problem becomes the user message (``{problem}`` is replaced).
 
     Duplicate prompts are dropped from the training set, and training prompts that appear in a held-out set are
@@ -74,6 +77,17 @@ class HubDomain:
         self.cfg = cfg
         self.name = str(cfg["name"])
         self.template = str(cfg.get("prompt_template") or "{problem}")
+        for where, spec in self._set_specs():
+            check_keep(spec.get("keep"), f"{where}.keep")
+
+    def _set_specs(self) -> list[tuple[str, Mapping[str, Any]]]:
+        """``(config key, block)`` of the training set and every held-out set that is a mapping (each kind reports
+        a block of another shape with its own error)."""
+        specs = [(f"domains.{self.name}.train", self.cfg.get("train"))]
+        heldout = self.cfg.get("heldout")
+        if isinstance(heldout, Mapping):
+            specs += [(f"domains.{self.name}.heldout.{n}", s) for n, s in heldout.items()]
+        return [(w, s) for w, s in specs if isinstance(s, Mapping)]
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -107,7 +121,12 @@ class HubDomain:
     def _tasks(self, spec: Mapping[str, Any], where: str, role: str) -> list[Task]:
         rows = load_rows(spec.get("source"), f"{where}.source")
         require_columns(rows, self.required_columns(role), f"{where}.source")
-        tasks = [t for t in (self.to_task(row, where) for row in rows) if t is not None]
+        keep = spec.get("keep") or {}
+        require_columns(rows, list(keep), f"{where}.keep")
+        tasks = [t for t in (self.to_task(row, where) for row in rows if kept(row, keep)) if t is not None]
+        if keep and not tasks:
+            raise ValueError(f"config key `{where}.keep`: no row of {spec['source'].get('path')!r} holds "
+                             f"{dict(keep)!r}; the values are compared exactly, as the data set writes them")
         size = spec.get("size")
         if size is not None and int(size) < len(tasks):
             tasks = random.Random(f"{self.name}-{where}-{spec.get('seed', 0)}").sample(tasks, int(size))
@@ -143,6 +162,25 @@ class HubDomain:
 
     def demonstration(self, task: Task, style: str) -> str:
         return self.pretraining_task(None)
+
+
+def check_keep(keep: Any, where: str) -> None:
+    """A ``keep`` block is ``{column: [value, ...]}``: at least one column, each with at least one scalar value."""
+    if keep is None:
+        return
+    if not isinstance(keep, Mapping) or not keep:
+        raise ValueError(f"config key `{where}` must map column names to lists of the values to keep, e.g. "
+                         f"{{difficulty: [easy]}}; got {keep!r}")
+    for column, values in keep.items():
+        if (not isinstance(values, Sequence) or isinstance(values, str) or not values
+                or not all(isinstance(v, (str, int, float, bool)) for v in values)):
+            raise ValueError(f"config key `{where}.{column}` must be a non-empty list of the column's values "
+                             f"(strings or numbers), got {values!r}")
+
+
+def kept(row: Mapping[str, Any], keep: Mapping[str, Sequence[Any]]) -> bool:
+    """Whether ``row`` holds one of ``keep``'s values in every column it names (no ``keep``: every row)."""
+    return all(row[column] in values for column, values in keep.items())
 
 
 def line_marker(text: str) -> tuple[str, ...]:

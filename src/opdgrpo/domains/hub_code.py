@@ -25,6 +25,8 @@ Config keys on top of :class:`~opdgrpo.domains.hub.HubDomain`'s (see ``conf/doma
 * ``verifier: {per_test_timeout_s, memory_mb, workers, max_tests}`` (:class:`~opdgrpo.verifiers.code.VerifierConfig`);
 * per set (``train`` or ``heldout.<set>``): ``contest_date: {start, end}`` keeps LiveCodeBench rows with
   ``start <= contest_date < end`` (ISO dates; either may be null), e.g. the v6 window out of ``release_v6``;
+  ``keep: {difficulty: [easy, ...]}`` keeps rows of those LiveCodeBench difficulties (any column:
+  :class:`~opdgrpo.domains.hub.HubDomain`);
   ``max_tests`` caps tests per problem (default: ``verifier.max_tests`` for ``train``, all for held-out sets).
 
 Reward: 1.0 when the program passes every test (:mod:`opdgrpo.verifiers.code`). :meth:`HubCodeDomain.extra_metrics`
@@ -54,8 +56,8 @@ from .hub import HubDomain
 LCB_COLUMNS = ("question_title", "question_content", "platform", "question_id", "contest_id", "contest_date",
                "starter_code", "difficulty", "public_test_cases", "private_test_cases", "metadata")  # fmt: skip
 DEEPCODER_COLUMNS = ("problem", "tests")
-TRAIN_KEYS = ("source", "size", "seed", "contest_date", "max_tests", "expected_rows")
-HELDOUT_KEYS = ("source", "size", "seed", "k", "contest_date", "max_tests", "expected_rows")
+TRAIN_KEYS = ("source", "size", "seed", "contest_date", "keep", "max_tests", "expected_rows")
+HELDOUT_KEYS = ("source", "size", "seed", "k", "contest_date", "keep", "max_tests", "expected_rows")
 _RECENT = 8192  # completions whose results check() remembers
 
 STDIN_INSTRUCTION = (

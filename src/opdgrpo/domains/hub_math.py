@@ -9,6 +9,10 @@ Each set in ``conf/domain/paper_math.yaml`` (``train`` and every ``heldout.<name
 - ``id_key``: a row id for ``Task.meta`` (default: the first of ``id``, ``extra_info.index``, ``unique_id``,
   ``problem_idx``; none: a hash of the problem).
 
+- ``answer_format``: ``plain`` (default: the answer column holds the answer) or ``boxed`` (it holds a worked solution
+  whose last ``\\boxed{}``, or ``\\fbox{}``, holds the answer: MATH's ``solution``, the only answer column of
+  ``DigitalLearningGmbH/MATH-lighteval``).
+
 A dotted key reads inside a struct column (``reward_model.ground_truth``); a problem stored as chat messages
 (``[{role, content}, ...]``) is read from its first user message. Gold answers become strings: numbers stored as
 floats (AMC23's ``27.0``) become ``"27"``. The instruction wrapper DAPO-Math-17k puts around each problem
@@ -39,6 +43,28 @@ DAPO_PREFIX = ("Solve the following math problem step by step. The last line of 
 DAPO_SUFFIX = 'Remember to put your answer on its own line after "Answer:".'
 
 VERIFIER_DEFAULTS = {"workers": 4, "timeout_s": 5.0, "chunk_size": 16, "deadline_s": None}
+ANSWER_FORMATS = ("plain", "boxed")
+
+
+def last_boxed(text: str) -> str | None:
+    """What the last ``\\boxed{...}`` (or ``\\fbox{...}``) of a worked solution holds, braces matched
+    (``\\boxed{\\frac{1}{2}}`` -> ``\\frac{1}{2}``); the brace-less ``\\boxed 5`` holds the text up to the next
+    ``$`` or space. None when the text has no box, or its last box is never closed."""
+    at = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if at < 0:
+        return None
+    rest = text[at + (6 if text.startswith("\\boxed", at) else 5):]
+    if rest.startswith(" "):
+        inner = rest[1:].split("$", 1)[0].split()
+        return inner[0] if inner else None
+    if not rest.startswith("{"):
+        return None
+    depth = 0
+    for i, char in enumerate(rest):
+        depth += (char == "{") - (char == "}")
+        if depth == 0:
+            return rest[1:i].strip() or None
+    return None
 
 
 def strip_dapo_wrapper(text: str) -> str:
@@ -107,7 +133,7 @@ class HubMathDomain(HubDomain):
     """Competition math from hub data sets (see the module docstring and ``conf/domain/paper_math.yaml``).
 
     Config keys beyond :class:`~opdgrpo.domains.hub.HubDomain`'s: per set ``problem_key``, ``answer_key``,
-    ``id_key``; ``verifier: {workers, timeout_s, chunk_size, deadline_s}`` (:class:`MathVerifier`).
+    ``id_key``, ``answer_format``; ``verifier: {workers, timeout_s, chunk_size, deadline_s}`` (:class:`MathVerifier`).
     """
 
     #: lm-eval-harness stops its math tasks at "Problem:" (minerva_math, hendrycks_math) and "Question:" (gsm8k); here
@@ -130,6 +156,10 @@ class HubMathDomain(HubDomain):
                 raise ValueError(f"config key `domains.{self.name}.heldout.{set_name}` must be a mapping with a "
                                  f"`source`, got {spec!r}")
             self._specs[f"domains.{self.name}.heldout.{set_name}"] = ("heldout", str(set_name), spec)
+        for where, (_, _, spec) in self._specs.items():
+            if spec.get("answer_format", "plain") not in ANSWER_FORMATS:
+                raise ValueError(f"config key `{where}.answer_format` must be one of {list(ANSWER_FORMATS)}, got "
+                                 f"{spec.get('answer_format')!r}")
         self._keys: dict[str, tuple[str, str, str | None]] = {}
         self.verifier = MathVerifier(**self._verifier_args(cfg.get("verifier")))
 
@@ -190,15 +220,19 @@ class HubMathDomain(HubDomain):
             answer = gold_string(read_field(row, answer_key))
         except ValueError as err:
             raise ValueError(f"config key `{where}.answer_key` ({answer_key!r}): {err}") from err
+        boxed = spec.get("answer_format") == "boxed"
+        if boxed and answer is not None:
+            answer = last_boxed(answer)
         row_id = read_field(row, id_key) if id_key else None
+        if row_id is None and problem is not None:
+            row_id = hashlib.sha256(problem.encode()).hexdigest()[:12]
         if problem is None or answer is None:
             if role == "train":
                 return None
-            raise ValueError(f"config key `{where}`: held-out row {row_id!r} has no "
-                             f"{'problem' if problem is None else 'answer'} (columns {problem_key!r}, "
-                             f"{answer_key!r}); fix the data set or the `problem_key`/`answer_key`")
-        if row_id is None:
-            row_id = hashlib.sha256(problem.encode()).hexdigest()[:12]
+            what = "problem" if problem is None else "\\boxed{} answer" if boxed else "answer"
+            raise ValueError(f"config key `{where}`: held-out row {row_id!r} has no {what} (columns "
+                             f"{problem_key!r}, {answer_key!r}); fix the data set or the `problem_key`/`answer_key`"
+                             f"{'/`answer_format`' if boxed else ''}")
         return Task(domain=self.name, prompt=self.prompt(problem), answer=answer,
                     meta={"source": set_name, "id": str(row_id)})
 

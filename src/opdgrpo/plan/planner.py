@@ -89,7 +89,8 @@ class Planner:
         self.root = f"{cfg['results_dir']}/{cfg['profile']}"
         self.jobs: dict[str, Job] = {}
         self.studies: dict[str, dict[str, Any]] = {}
-        unknown = sorted(set(method_settings(cfg["methods"]["grpo"])["domain_steps"]) - set(cfg["domains"]))
+        listed = {d for d, steps in method_settings(cfg["methods"]["grpo"])["domain_steps"].items() if steps is not None}
+        unknown = sorted(listed - set(cfg["domains"]))
         if unknown:
             raise ConfigError(f"config key `methods.grpo.domain_steps` names {unknown}, not among `domains` "
                               f"({sorted(cfg['domains'])})")

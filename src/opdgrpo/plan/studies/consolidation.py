@@ -71,6 +71,11 @@ class ConsolidationStudy(Study[ConsolidationEntry]):
                                   "description": "joint GRPO's best is the savings target only when it gained this "
                                                  "many standard errors of one evaluation over its start; otherwise "
                                                  "the savings are read at the distillation's best (docs/method.md)"},
+            "distill_eval_every": {"type": ["integer", "null"], "minimum": 1,
+                                   "description": "the distillation's evaluation cadence in steps; null or absent: "
+                                                  "train.eval_every. A distillation of a few dozen steps needs a "
+                                                  "finer one than the GRPO runs for its curve to have points to "
+                                                  "smooth and to read the FLOPs to the target from"},
         },
     }
 
@@ -89,7 +94,8 @@ class ConsolidationStudy(Study[ConsolidationEntry]):
                             method_overrides={"steps": s.get("joint_steps")}, label="joint GRPO", train_overrides=train)
         distill = planner.add_run(f"opd-experts-{into(st)}{mix}-s{seed}", self.name, "opd", domains, seed, f"base:{st}",
                               {d: f"run:{e.id}" for d, e in zip(domains, experts)},
-                              {"steps": s.get("distill_steps")}, label="multi-teacher OPD", train_overrides=train)
+                              {"steps": s.get("distill_steps")}, label="multi-teacher OPD",
+                              train_overrides={**train, "eval_every": s.get("distill_eval_every")})
         return ConsolidationEntry(title=s["title"], domains=domains, joint=joint.id, distill=distill.id,
                                   experts=[e.id for e in experts], **matching_keys(s))
 
