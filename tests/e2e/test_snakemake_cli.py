@@ -95,14 +95,18 @@ def test_on_one_machine_each_paper_job_gets_its_own_count_and_the_rules_text_sta
 
 
 def test_snakemake_dry_run_lists_the_node_dag_offline(runs):
-    """profile=node (docs/node-profile.md): S3 and S4 over three seeds, one base model, 8 GPUs per job."""
+    """profile=node (docs/node-profile.md): S3 and S4 over three seeds, one base model, on one machine of 8 GPUs
+    with each job's count the planner's (a GPU slot per GPU it asks for)."""
     _, out = runs["node"]
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", text, flags=re.M))
     assert {k: int(counts[k]) for k in ("tokenizer", "pretrain", "grpo", "opd", "report")} == {
         "tokenizer": 1, "pretrain": 1, "grpo": 9, "opd": 9, "report": 1}, counts
-    assert re.search(r"gpu=8", text) and re.search(r"runtime=480", text)
+    asked = [dict(kv.split("=", 1) for kv in line.split(", ")) for line in re.findall(r"resources: (.*)", text)]
+    counts = [(int(r["gpu"]), int(r["gpu_slots"])) for r in asked if "gpu" in r]
+    assert counts and all(g == s for g, s in counts) and {g for g, _ in counts} == {1, 8}, counts
+    assert re.search(r"runtime=720", text)
 
 
 def test_snakemake_refuses_a_paper_job_that_would_not_fit_its_gpus(runs):
