@@ -1,4 +1,4 @@
-"""GPU pilot: the paper profile's own jobs on one GPU at the paper's shapes, with random weights, in under 8 minutes;
+"""GPU pilot: the paper profile's own jobs (and one of the node profile's) on one GPU at their shapes, with random weights;
 time per phase and peak device memory beside the planner's prediction for each job.
 
 What runs is what a cluster runs, not a copy of it. The pilot composes ``profile=pilot`` (conf/profile/pilot.yaml:
@@ -24,7 +24,12 @@ that fail on first GPU contact first:
    checkpoint;
 6. ``base-model_32b``: the 32B base evaluation, split over every GPU the machine has (``--base-processes``: torchrun,
    one engine per GPU, each set's rows in contiguous shares, as the rule runs a base job with ``resources.base.gpu``
-   GPUs); on the CPU preset over 2 processes.
+   GPUs); on the CPU preset over 2 processes;
+7. ``node/tokenizer``, ``node/base-student`` and ``node/grpo-student-math-s0``: the node profile's math expert (S3's
+   self-teacher, S4's math expert) from ``profile=node-pilot``: GRPO of a Qwen3-1.7B-Base-shaped student, 2,048-token
+   answers, 64 rows per step, on the one GPU the node profile's planner gives it, its engine at the plan's share; two
+   steps, after the tokenizer and base jobs it needs (``--jobs`` runs either group alone: a device that allows 10
+   minutes a command takes the paper's jobs in one call and the node profile's in another).
 
 For each job the pilot records its wall time, its phases from the job's own records (the ledger's ``phase_s`` per
 step; the evaluation and checkpoint seconds in its log), the device's peak used memory (``nvidia-smi``, polled every
@@ -69,8 +74,14 @@ SCHEMA = "opdgrpo.gpu_pilot/2"
 OPD_RUN, KILLED_AT = "opd-teacher_8b-code-s0", 1
 #: S2's difficulty job: each model's solve rates sampled in a process of its own.
 DIFFICULTY_JOB = "difficulty-math-teacher_8b"
+#: The node profile's math expert (S3's self-teacher, S4's math expert) on one GPU at its shapes, after the tokenizer
+#: and base jobs it needs (conf/profile/node-pilot.yaml: GRPO of a Qwen3-1.7B-Base-shaped student, 2,048-token
+#: answers, the one GPU the node profile's planner gives it); its jobs are named ``node/<job>`` in the records.
+NODE, NODE_PROFILE = "node/", "node-pilot"
+NODE_RUN = f"{NODE}grpo-student-math-s0"
 #: The jobs, in order (the OPD run twice: killed after its first checkpoint, then resumed).
-JOBS = ["tokenizer", "base-student", "base-teacher_8b", DIFFICULTY_JOB, OPD_RUN, "base-model_32b"]
+JOBS = ["tokenizer", "base-student", "base-teacher_8b", DIFFICULTY_JOB, OPD_RUN, "base-model_32b",
+        f"{NODE}tokenizer", f"{NODE}base-student", NODE_RUN]
 #: The base job split over the machine's GPUs (the others run on one, as they only feed the OPD run).
 SPLIT_JOB = "base-model_32b"
 #: --cpu-smoke: the same profile and jobs, models and lengths small enough for two cores. The embeddings keep more
@@ -85,7 +96,14 @@ CPU_OVERRIDES = [
 ]
 #: --engine hf: sample with the project's sampler, and drop the keys only a vLLM engine reads.
 WITHOUT_VLLM = ("train.engine=hf", "~train.vllm", "~train.vllm_alone", "methods.grpo.engine_is_cap=null")
-PRESETS = {"gpu": {"overrides": [], "max_seconds": 540}, "cpu": {"overrides": CPU_OVERRIDES, "max_seconds": 900}}
+#: --cpu-smoke for the node profile's job: a small student, short answers, a few rows.
+NODE_CPU_OVERRIDES = [
+    "model@models.student=random_qwen3", "threads=2", "train.precision=auto", "pretrain.precision=auto",
+    "train.vllm.dtype=float32", "train.max_new_tokens=24", "pretrain.eval.max_new_tokens=24", "train.prompts_per_step=2",
+    "methods.grpo.group_size=4", "train.max_tokens_per_microbatch=384", "train.logit_chunk_tokens=8",
+]
+PRESETS = {"gpu": {"overrides": [], "node_overrides": [], "max_seconds": 540},
+           "cpu": {"overrides": CPU_OVERRIDES, "node_overrides": NODE_CPU_OVERRIDES, "max_seconds": 900}}
 GIB = 2**30
 
 
@@ -145,36 +163,38 @@ def device_memory_gib() -> float | None:
         return None
 
 
-def compose_plan(args: argparse.Namespace, results: Path, memory_gib: float | None):
-    """The pilot's config and plan; on a GPU ``hardware.memory_gib`` is the device's own."""
+def compose_plan(args: argparse.Namespace, results: Path, memory_gib: float | None, profile: str = "pilot"):
+    """The pilot's config and plan (``profile``: ``pilot``, or ``node-pilot`` for the node profile's job, which the
+    command line's overrides leave alone); on a GPU ``hardware.memory_gib`` is the device's own."""
     from opdgrpo.config import compose
     from opdgrpo.plan.build import build_plan
 
-    preset = PRESETS[args.preset]["overrides"]
-    if args.no_resume:   # one checkpoint, at the run's end
+    node = profile == NODE_PROFILE
+    preset = PRESETS[args.preset]["node_overrides" if node else "overrides"]
+    if args.no_resume and not node:   # one checkpoint, at the run's end
         preset = [*preset, f"train.checkpoint_every={10**6}"]
     if args.engine == "hf":   # the engine's own keys go with it
         preset = [o for o in preset if "train.vllm" not in o] + list(WITHOUT_VLLM)
-    overrides = ["profile=pilot", f"results_dir={results}", *preset, *args.overrides]
+    overrides = [f"profile={profile}", f"results_dir={results}", *preset, *([] if node else args.overrides)]
     if memory_gib is not None and args.preset == "gpu":
         overrides.append(f"hardware.memory_gib={memory_gib:.1f}")
     cfg = compose(overrides, REPO / "conf")
     return cfg, build_plan(cfg)
 
 
-def predictions(cfg: dict[str, Any], plan) -> tuple[dict[str, dict[str, Any]], list[str], str]:
+def predictions(cfg: dict[str, Any], plan, prefix: str = "") -> tuple[dict[str, dict[str, Any]], list[str], str]:
     """The planner's estimate of each pilot job (peak GiB per GPU, its phase, vLLM's start, the engine's share and
-    max_num_seqs), what would not fit, and the engine settings the rules would export to the jobs
-    (:func:`opdgrpo.cost.engine_share.engine_env`)."""
+    max_num_seqs) by its name in the pilot (``prefix`` + job id), what would not fit, and the engine settings the
+    rules would export to the jobs (:func:`opdgrpo.cost.engine_share.engine_env`)."""
     from opdgrpo.cost.engine_share import engine_env, engine_plan
     from opdgrpo.cost.resources import estimate_jobs, unfit
 
     every = estimate_jobs(cfg, plan)
-    estimates = [e for e in every if e.job in JOBS]
+    estimates = [e for e in every if prefix + e.job in JOBS]
     out = {}
     for e in estimates:
         engine, choice = e.engine, e.engine_choice
-        out[e.job] = {"peak_gib": round(e.peak / GIB, 1), "peak_phase": e.peak_phase, "hours": e.hours,
+        out[prefix + e.job] = {"peak_gib": round(e.peak / GIB, 1), "peak_phase": e.peak_phase, "hours": e.hours,
                       "engine_starts": None if engine is None else bool(engine.starts),
                       "max_model_len": None if engine is None else int(engine.max_model_len),
                       "gpu_memory_utilization": None if choice is None else choice.gpu_memory_utilization,
@@ -265,9 +285,11 @@ def command(job, out_dir: Path, processes: int = 1) -> list[str]:
 
 
 def run_job(plan, job_id: str, logs: Path, deadline: float, *, gpu: bool, attempt: int = 1,
-            fault: str | None = None, processes: int = 1, engine: str = "{}") -> dict[str, Any]:
+            fault: str | None = None, processes: int = 1, engine: str = "{}", label: str | None = None) -> dict[str, Any]:
     """Start one job, wait for it under the deadline, and return what it took; ``engine``: the engine settings the
-    rules export (:func:`predictions`), so the job's engine gets the plan's share and max_num_seqs."""
+    rules export (:func:`predictions`), so the job's engine gets the plan's share and max_num_seqs; ``label``: the
+    job's name in the pilot's records (its id by default; ``node/<id>`` for the node profile's)."""
+    label = label or job_id
     from opdgrpo import job_identity
 
     job = plan.jobs[job_id]
@@ -280,7 +302,7 @@ def run_job(plan, job_id: str, logs: Path, deadline: float, *, gpu: bool, attemp
     env = {**os.environ, job_identity.ENV: json.dumps(job_identity.runtime(j.config for j in plan.jobs.values())),
            job_identity.PRECISION_RECORD_ENV: str((Path(plan.root) / "precision.json").absolute()),
            job_identity.ENGINE_ENV: engine, "OPDGRPO_FAULT": fault or ""}
-    log = logs / f"{job_id}.{attempt}.log"
+    log = logs / f"{label.replace('/', '-')}.{attempt}.log"
     left = deadline - time.time()
     if left <= 0:
         raise TimeGuard(f"no time left to start {job_id}")
@@ -294,7 +316,7 @@ def run_job(plan, job_id: str, logs: Path, deadline: float, *, gpu: bool, attemp
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 raise TimeGuard(f"{job_id} was still running when --max-seconds ran out (log: {log})") from None
-    record = {"job": job_id, "attempt": attempt, "fault": fault, "exit": code, "seconds": round(time.time() - t0, 1),
+    record = {"job": label, "attempt": attempt, "fault": fault, "exit": code, "seconds": round(time.time() - t0, 1),
               "peak_memory_gib": round(poll.peak / GIB, 2), "log": str(log)}
     record.update(job_records(Path(job.out_dir), log))
     if code != 0 and not fault:
@@ -329,13 +351,20 @@ def job_records(out_dir: Path, log: Path) -> dict[str, Any]:
 # The whole pilot
 
 
-def expected(records: list[dict[str, Any]], plan, jobs: list[str] = JOBS, base_processes: int = 1,
+def split_label(label: str) -> tuple[str, str]:
+    """A pilot job's name as (its plan's prefix, its job id): ``node/<id>`` is the node profile's."""
+    return (NODE, label[len(NODE):]) if label.startswith(NODE) else ("", label)
+
+
+def expected(records: list[dict[str, Any]], plans: dict[str, Any], jobs: list[str] = JOBS, base_processes: int = 1,
              gpu: bool = False) -> list[str]:
     """What a finished pilot must show, as failures: every job done, the killed attempt killed and resumed (steps
     0 and 1 once each), vLLM engines placed under torchrun, the split base job over its processes, the difficulty
-    job's two models sampled in two processes of their own (under vLLM), and every engine's requests seeded on a
-    CPU only (``gpu``: vLLM's fast sampler), log-probs for the training rollouts only (raw at temperature 1)."""
+    job's two models sampled in two processes of their own (under vLLM), the node profile's run two steps on one
+    process, and every engine's requests seeded on a CPU only (``gpu``: vLLM's fast sampler), log-probs for the
+    training rollouts only (raw at temperature 1). ``plans``: each plan by its prefix (:func:`split_label`)."""
     problems = []
+    plan = plans[""]
     by = {(r["job"], r["attempt"]): r for r in records}
     selection = by.get((DIFFICULTY_JOB, 1))
     if selection is not None and selection["exit"] == 0 and plan.jobs[DIFFICULTY_JOB].config.get("engine") == "vllm":
@@ -347,8 +376,12 @@ def expected(records: list[dict[str, Any]], plan, jobs: list[str] = JOBS, base_p
         problems.append(f"{SPLIT_JOB}: ran on {split.get('done', {}).get('processes')} processes, not {base_processes}")
     for job in jobs:
         last = max((r for r in records if r["job"] == job), key=lambda r: r["attempt"], default=None)
-        if last is None or last["exit"] != 0 or not (Path(plan.jobs[job].out_dir) / "done.json").is_file():
+        prefix, job_id = split_label(job)
+        if last is None or last["exit"] != 0 or not (Path(plans[prefix].jobs[job_id].out_dir) / "done.json").is_file():
             problems.append(f"{job} did not finish")
+    node = by.get((NODE_RUN, 1))
+    if node is not None and node["exit"] == 0:
+        problems += node_problems(node, plans[NODE], gpu)
     killed = by.get((OPD_RUN, 1))
     if (OPD_RUN, 2) not in by:   # --no-resume: one attempt, both steps
         if killed is not None and killed["exit"] == 0 and [s["step"] for s in killed.get("steps", [])] != [0, 1]:
@@ -367,6 +400,24 @@ def expected(records: list[dict[str, Any]], plan, jobs: list[str] = JOBS, base_p
             problems.append(f"{OPD_RUN}: engine {engines} is not one external_launcher engine")
         if vllm:
             problems += policy_problems(OPD_RUN, engines, gpu, "raw_logprobs")
+    return problems
+
+
+def node_problems(record: dict[str, Any], plan, gpu: bool) -> list[str]:
+    """The node profile's math expert: both steps once, on one process, its engine under torchrun's launcher with
+    the training policy of its device."""
+    problems = []
+    steps = [s["step"] for s in record.get("steps", [])]
+    if steps != [0, 1]:
+        problems.append(f"{NODE_RUN}: its ledger holds steps {steps}, not [0, 1]")
+    done = record.get("done", {})
+    if done.get("processes") != 1:
+        problems.append(f"{NODE_RUN}: ran on {done.get('processes')} processes, not the 1 GPU the node profile gives it")
+    if plan.jobs[split_label(NODE_RUN)[1]].config["train"].get("engine") == "vllm":
+        engines = done.get("engines") or []
+        if [e.get("backend") for e in engines] != ["external_launcher"]:
+            problems.append(f"{NODE_RUN}: engine {engines} is not one external_launcher engine")
+        problems += policy_problems(NODE_RUN, engines, gpu, "raw_logprobs")
     return problems
 
 
@@ -426,6 +477,10 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [j for j in JOBS if j in (args.jobs or JOBS)]
     cfg, plan = compose_plan(args, workdir / "results", memory)
     predicted, problems, engine = predictions(cfg, plan)
+    node_cfg, node_plan = compose_plan(args, workdir / "results", memory, profile=NODE_PROFILE)
+    node_predicted, node_problems_, node_engine = predictions(node_cfg, node_plan, NODE)
+    predicted, problems = {**predicted, **node_predicted}, problems + node_problems_
+    plans, engines = {"": plan, NODE: node_plan}, {"": engine, NODE: node_engine}
     need = checkpoint_bytes(cfg, plan)
     disk = None if args.no_resume or args.plan_only else disk_problem(workdir, need)
     result: dict[str, Any] = {"schema": SCHEMA, "preset": args.preset, "status": "running", "commit": common.commit(),
@@ -457,9 +512,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for job in jobs:
             attempts = [(1, f"update:{KILLED_AT}"), (2, None)] if job == OPD_RUN and not args.no_resume else [(1, None)]
+            prefix, job_id = split_label(job)
             for attempt, fault in attempts:
-                record = run_job(plan, job, logs, deadline, gpu=gpu, attempt=attempt, fault=fault,
-                                 processes=args.base_processes if job == SPLIT_JOB else 1, engine=engine)
+                record = run_job(plans[prefix], job_id, logs, deadline, gpu=gpu, attempt=attempt, fault=fault,
+                                 processes=args.base_processes if job == SPLIT_JOB else 1, engine=engines[prefix],
+                                 label=job)
                 result["jobs"].append(record)
                 write(args.json, result)
                 print(f"  {job} (attempt {attempt}{', fault ' + fault if fault else ''}): exit {record['exit']}, "
@@ -467,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"(planner: {predicted.get(job, {}).get('peak_gib', '-')})", flush=True)
                 if record["exit"] != 0 and not fault:
                     raise RuntimeError(f"{job} failed (exit {record['exit']}); its log: {record['log']}")
-        problems = expected(result["jobs"], plan, jobs, args.base_processes, gpu=gpu)
+        problems = expected(result["jobs"], plans, jobs, args.base_processes, gpu=gpu)
         result["status"] = "complete" if not problems else "incomplete: " + "; ".join(problems)
         code = 5 if problems else 0
     except TimeGuard as err:

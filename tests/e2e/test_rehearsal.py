@@ -124,26 +124,11 @@ def test_rehearsal_jobs_side_by_side_get_gpu_slots_of_their_own(rehearsal_dag):
     processes claims 2 slots (opdgrpo.launch, opdgrpo.gpu_slots) and records them in its done.json (a training run,
     in each attempt's record too); any two jobs that ran at the same time held disjoint slots, so their
     CUDA_VISIBLE_DEVICES never shared a device, and some did run side by side. The tokenizer jobs took none."""
+    from gpu_slot_checks import slots_side_by_side
+
     workdir = rehearsal_dag.workdir
     plan = build_plan(compose(["profile=rehearsal"], REPO / "conf"))
-    ran = {}
-    for job in plan.jobs.values():
-        done_path = workdir / job.out_dir / "done.json"
-        done = _json(done_path)
-        if job.kind == "tokenizer":
-            assert "gpu_slots" not in done, job.id
-            continue
-        record = done["gpu_slots"]
-        assert len(record["slots"]) == (1 if job.kind == "difficulty" else 2) == len(set(record["slots"])), job.id
-        assert record["devices"] == [str(s) for s in record["slots"]] and set(record["slots"]) <= {0, 1, 2, 3}
-        ran[job.id] = (record["acquired_at"], done_path.stat().st_mtime, set(record["slots"]))
-        if job.kind == "train":
-            begun = [r for r in map(json.loads, (workdir / job.out_dir / "attempts.jsonl").read_text().splitlines())
-                     if "begin" in r]
-            assert begun and all(len(r["gpu_slots"]["slots"]) == 2 for r in begun), job.id
-    together = [(a, b) for a in ran for b in ran if a < b and ran[a][0] < ran[b][1] and ran[b][0] < ran[a][1]]
-    assert together, f"no two jobs ran side by side: {ran}"
-    assert all(not ran[a][2] & ran[b][2] for a, b in together), {p: (ran[p[0]][2], ran[p[1]][2]) for p in together}
+    slots_side_by_side(workdir, plan, lambda job: {"tokenizer": 0, "difficulty": 1}.get(job.kind, 2), {0, 1, 2, 3})
     log = (workdir / "results" / "rehearsal" / "logs" / f"{rehearsal_dag.killed_run}.log").read_text()
     assert log.startswith(f"gpu slots: job results/rehearsal/runs/{rehearsal_dag.killed_run} on 2 GPU(s): slots ")
 

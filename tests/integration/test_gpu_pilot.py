@@ -2,8 +2,9 @@
 shapes through the rules' own commands (training under torchrun, FSDP2 on one process, vLLM under
 ``external_launcher``, its step-0 evaluation first), S2's difficulty job with each model's engine in a process of
 its own, the OPD run killed after its first checkpoint and resumed, the 32B-shaped base evaluation split over 2
-processes with an engine each; the refusal of a GPU too small for the paper shapes; the time guard. About 3 minutes
-on 2 cores."""
+processes with an engine each; then the node profile's math expert (profile=node-pilot: GRPO on one process after its
+tokenizer and base jobs); the refusal of a GPU too small for the paper shapes; the time guard. About 3 minutes on 2
+cores."""
 
 from __future__ import annotations
 
@@ -48,8 +49,14 @@ def test_cpu_preset_runs_the_pilot_jobs_kills_and_resumes_the_opd_run(tmp_path):
     assert result["schema"] == "opdgrpo.gpu_pilot/2" and result["status"] == "complete"
     jobs = [(r["job"], r["attempt"]) for r in result["jobs"]]
     assert jobs == [("tokenizer", 1), ("base-student", 1), ("base-teacher_8b", 1), ("difficulty-math-teacher_8b", 1),
-                    ("opd-teacher_8b-code-s0", 1), ("opd-teacher_8b-code-s0", 2), ("base-model_32b", 1)]
-    selection, killed, resumed, split = result["jobs"][-4:]
+                    ("opd-teacher_8b-code-s0", 1), ("opd-teacher_8b-code-s0", 2), ("base-model_32b", 1),
+                    ("node/tokenizer", 1), ("node/base-student", 1), ("node/grpo-student-math-s0", 1)]
+    selection, killed, resumed, split = result["jobs"][3:7]
+    node = result["jobs"][-1]   # the node profile's math expert on one process, two steps, its engine under torchrun
+    assert node["exit"] == 0 and [s["step"] for s in node["steps"]] == [0, 1] and node["done"]["processes"] == 1
+    assert [(e["backend"], e["requests_seeded"], e["rollout_logprobs"]) for e in node["done"]["engines"]] == \
+        [("external_launcher", True, "raw_logprobs")]
+    assert result["predicted"]["node/grpo-student-math-s0"]["engine_starts"] is True
     samplers = selection["done"]["samplers"]   # one process per model, each the job's child, each with one engine
     assert selection["exit"] == 0 and len({samplers["student"]["pid"], samplers["teacher"]["pid"]}) == 2
     assert samplers["student"]["parent_pid"] == samplers["teacher"]["parent_pid"] != samplers["student"]["pid"]
