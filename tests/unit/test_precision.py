@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -101,6 +103,27 @@ def test_two_jobs_deciding_at_once_agree(monkeypatch, tmp_path):
 
     monkeypatch.setattr(precision, "measure", measured_while_another_wrote)
     assert precision.resolve("auto") == "fp32" and "the other job measured 1.1x" in precision.report()["reason"]
+
+
+def test_a_record_is_never_read_half_written(monkeypatch, tmp_path):
+    """The record goes into place whole (written beside it, then linked), so a process that finds it while its
+    writer is still writing never reads it half written: that read's error once left a job's other process waiting
+    in a collective until its timeout. Here the other process looks between the draft's write and the link."""
+    record = tmp_path / "precision.json"
+    monkeypatch.setenv(precision.RECORD_ENV, str(record))
+    monkeypatch.setattr(precision, "native_bf16", lambda: (True, "amx_bf16"))
+    monkeypatch.setattr(precision, "measure", lambda threads=None: {"speedup": 2.0})
+    seen = []
+    link = precision.os.link
+
+    def link_after_a_look(draft, target):
+        seen.append((Path(target).exists(), Path(draft).read_text().endswith("}\n")))
+        link(draft, target)
+
+    monkeypatch.setattr(precision.os, "link", link_after_a_look)
+    assert precision.resolve("auto") == "bf16" and precision.report()["record_written"]
+    assert seen == [(False, True)] and [p.name for p in tmp_path.iterdir()] == ["precision.json"]   # no draft left
+    assert precision.json.loads(record.read_text())["resolved"] == "bf16"
 
 
 def test_an_unreadable_record_is_named(monkeypatch, tmp_path):

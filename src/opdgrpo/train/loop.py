@@ -177,6 +177,7 @@ def train(cfg: dict[str, Any], run_dir: Path, collective_timeout_s: float | None
     expandable_segments()
     workers = Workers.from_config(cfg["train"], collective_timeout_s)
     workers.log_collectives(collective_timeout_s)
+    together = True
     try:
         # The main process owns the run directory; the others only read checkpoints it wrote.
         # Signals are noted from here on: SLURM's warning arriving while the models load stops the run after its
@@ -190,8 +191,16 @@ def train(cfg: dict[str, Any], run_dir: Path, collective_timeout_s: float | None
                 if run.tracker:
                     run.tracker.close()
                 _close_engine(run)
+    except (Interrupted, NonFinite):   # every process stops here, together (they agreed on it)
+        raise
+    except BaseException:
+        # This process's own error: it leaves without the closing barrier, which the others, waiting in another
+        # collective, would never reach (both would hang until the collective timeout); torchrun then stops them.
+        together = False
+        raise
     finally:
-        workers.close()
+        if together:
+            workers.close()
 
 
 def expandable_segments() -> bool:

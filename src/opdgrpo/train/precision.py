@@ -109,13 +109,25 @@ def _read_or_make(record: Path, threads: int) -> tuple[str, dict[str, Any]]:
         entry = {"resolved": chosen, **why, "decided_by": {"pid": os.getpid(), "host": platform.node(),
                                                           "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}}
         record.parent.mkdir(parents=True, exist_ok=True)
+        # Written whole beside the record, then linked into place: of two processes deciding at once one links, and
+        # the other never reads a record half written (it did: its error left a job's other process waiting).
+        text = json.dumps(entry, indent=1, sort_keys=True) + "\n"
+        draft = record.with_name(f".{record.name}.{os.getpid()}.{platform.node()}")
+        draft.write_text(text)
         try:
-            with open(record, "x") as handle:   # exclusive: of two jobs starting at once, one writes
-                json.dump(entry, handle, indent=1, sort_keys=True)
-                handle.write("\n")
+            os.link(draft, record)   # exclusive: fails where the record exists
             return chosen, {**why, "record": str(record), "record_written": True}
         except FileExistsError:
-            pass   # another job decided first: adopt its decision below
+            pass   # another process decided first: adopt its decision below
+        except OSError:   # a filesystem without hard links: an exclusive create, written at once
+            try:
+                with open(record, "x") as handle:
+                    handle.write(text)
+                return chosen, {**why, "record": str(record), "record_written": True}
+            except FileExistsError:
+                time.sleep(1.0)   # its writer has a moment to finish
+        finally:
+            draft.unlink(missing_ok=True)
     try:
         entry = json.loads(record.read_text())
         chosen = check(str(entry["resolved"]), RECORD_ENV)
