@@ -37,8 +37,8 @@ def _record_losses(monkeypatch) -> list[dict]:
     calls: list[dict] = []
     loss = GRPOObjective.loss
 
-    def recording(self, logits, shard, normalizer, check, flops):
-        out = loss(self, logits, shard, normalizer, check, flops)
+    def recording(self, logits, shard, normalizer, check, flops, teachers=None):
+        out = loss(self, logits, shard, normalizer, check, flops, teachers)
         calls.append({"metrics": out[1], "logits": logits.detach().float(), "targets": shard.targets,
                       "mask": shard.mask.bool(), "old": shard.old_logprobs, "ref": shard.ref_logprobs,
                       "sequences": shard.sequences, "attention_mask": shard.attention_mask})
