@@ -87,6 +87,7 @@ class RunShape:
     reference: bool              # a frozen reference forward per step (``beta > 0``)
     logit_chunk_tokens: int
     microbatch_tokens: int | None   # ``train.max_tokens_per_microbatch``: packed training micro-batches
+    packed_row_tokens: int | None   # ``train.packed_row_tokens``: the student's passes over rows laid end to end
     precision: str               # as configured (auto, bf16, fp32) until the trainer resolves it (:meth:`resolved`)
     distributed: str             # how processes share the student: ddp (the default), fsdp, none
     nonfinite: str               # what a non-finite step does: stop or skip
@@ -118,6 +119,7 @@ class RunShape:
                    minibatches=minibatches, updates_per_batch=int(method["updates_per_batch"]) if grpo else 1,
                    reference=grpo and float(method["beta"]) > 0, logit_chunk_tokens=int(train["logit_chunk_tokens"]),
                    microbatch_tokens=check_budget(train["max_tokens_per_microbatch"], "train.max_tokens_per_microbatch"),
+                   packed_row_tokens=check_budget(train["packed_row_tokens"], "train.packed_row_tokens"),
                    precision=str(train["precision"]), distributed=str(train["distributed"]),
                    nonfinite=str(train["nonfinite"]), max_skips=int(train["max_nonfinite_skips"]),
                    engine=str(train["engine"]), rollout=Sampling(float(train["temperature"]), new),

@@ -131,6 +131,25 @@ def test_a_token_cap_trains_as_the_shards_with_fewer_padded_tokens(smoke_world, 
     _compare(tmp_path, teachers=run_id.startswith("opd"), method=method)
 
 
+@pytest.mark.parametrize(("run_id", "method"), [("grpo-student-math-s0", {}), ("grpo-student-math-s0", KNOBS),
+                                                ("opd-teacher_m-math-s0", {})], ids=["grpo", "grpo-knobs", "opd"])
+def test_packed_rows_train_as_the_padded_shards_on_fewer_positions(smoke_world, tmp_path, rigged_rewards, run_id,
+                                                                   method):
+    """``train.packed_row_tokens``: the student's passes (training, old policy) over rows laid end to end train what
+    the padded shards train (src/opdgrpo/train/packed_rows.py), the ledger counting fewer student positions; the
+    reference's and teachers' forwards stay padded, their FLOPs unchanged."""
+    _, plan = smoke_world
+    train(_config(plan, run_id, steps=2, method=method, micro_batches=2), tmp_path / "plain")
+    train(_config(plan, run_id, steps=2, method=method, micro_batches=2, packed_row_tokens=32), tmp_path / "packed")
+    _compare(tmp_path, teachers=run_id.startswith("opd"), method=method)
+    plain, packed = (read_jsonl(tmp_path / n / "ledger.jsonl") for n in ("plain", "packed"))
+    for a, b in zip(plain, packed):
+        assert b["tokens"]["train"] < a["tokens"]["train"] and b["flops"]["train"] < a["flops"]["train"]
+        assert b["tokens"]["teacher"] == a["tokens"]["teacher"]
+        for component in ("teacher", "reference"):
+            assert b["flops"].get(component) == a["flops"].get(component)
+
+
 def test_a_row_over_the_cap_trains_alone(smoke_world, tmp_path, shapes, caplog):
     """A cap below every row: each row is its own micro-batch (warned once), and the run trains."""
     from opdgrpo.train import packing
@@ -149,6 +168,8 @@ def test_bad_cap_names_the_key(smoke_world, tmp_path):
     for value in (0, -1, 2.5):
         with pytest.raises(ValueError, match="train.max_tokens_per_microbatch"):
             train(_config(plan, "grpo-student-math-s0", steps=1, max_tokens_per_microbatch=value), tmp_path / "bad")
+        with pytest.raises(ValueError, match="train.packed_row_tokens"):
+            train(_config(plan, "grpo-student-math-s0", steps=1, packed_row_tokens=value), tmp_path / "bad")
 
 
 def test_greedy_evaluation_does_not_depend_on_the_token_budget(smoke_world):
@@ -202,3 +223,22 @@ def test_two_processes_pack_their_own_rows(smoke_world, tmp_path, strategy):
     print(strategy, [line for line in done.stderr.splitlines() if "micro-batches" in line])
     assert json.loads((tmp_path / "packed" / "done.json").read_text())["processes"] == 2
     _compare(tmp_path, teachers=True)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_pack_their_rows_end_to_end(smoke_world, tmp_path, strategy):
+    """``train.packed_row_tokens`` on 2 gloo processes (the LM head found through DDP's wrapper; under FSDP every
+    packed forward is a collective, one per micro-batch as when padded), against one process training the padded
+    shards: the same steps within the tolerances above, fewer student positions counted."""
+    _, plan = smoke_world
+    cfg = _config(plan, "opd-teacher_m-math-s0", steps=2, micro_batches=4, prompts_per_step=8)
+    train(copy.deepcopy(cfg), tmp_path / "plain")
+    cfg["train"].update({"packed_row_tokens": 32, "distributed": strategy})
+    if strategy == "fsdp":
+        cfg["train"]["fsdp"] = {"param_dtype": "float32"}
+    _torchrun(cfg, tmp_path / "packed")
+    assert json.loads((tmp_path / "packed" / "done.json").read_text())["processes"] == 2
+    _compare(tmp_path, teachers=True)
+    plain, packed = (read_jsonl(tmp_path / n / "ledger.jsonl") for n in ("plain", "packed"))
+    assert all(b["tokens"]["train"] < a["tokens"]["train"] for a, b in zip(plain, packed))

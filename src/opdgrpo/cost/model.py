@@ -200,7 +200,7 @@ def decode_flops(config: Any, rows: float, prompt_block: float, generated: float
 
 def step_flops(student: Any, rows: Mapping[str, int], lengths: Mapping[str, Lengths], max_new_tokens: float,
                teachers: Mapping[str, Any] | None = None, passes: Mapping[str, Any] | None = None,
-               packed: bool = False) -> dict[str, float]:
+               packed: bool = False, student_packed: bool = False) -> dict[str, float]:
     """Predicted FLOPs of one training step, by component, as :func:`opdgrpo.train.loop.train` books them.
 
     ``rows``: sequences per domain in the step's batch; ``lengths``: each domain's lengths; ``teachers``: the
@@ -213,6 +213,9 @@ def step_flops(student: Any, rows: Mapping[str, int], lengths: Mapping[str, Leng
     teacher forwards) run over rows repacked by length, so each domain's rows are counted at their mean prompt and
     generated lengths instead of the step's padded block; the padding left inside a packed micro-batch, and the
     spread of lengths around the mean (attention grows with the square of a row's length), are not counted.
+    ``student_packed`` (``train.packed_row_tokens`` set): the student's training and old-policy passes alone are
+    counted that way (rows laid end to end), the reference's and teachers' forwards at the padded block; a packed
+    row's attention over its other rows and the packed rows' unused tails are not counted.
     """
     passes = passes or {}
     live = {d: n for d, n in rows.items() if n > 0}
@@ -224,21 +227,23 @@ def step_flops(student: Any, rows: Mapping[str, int], lengths: Mapping[str, Leng
     rollout = flop_formulas.prefill_flops(student, batch, prompt_block)
     for d, n in live.items():
         rollout += decode_flops(student, n, prompt_block, min(generated_tokens(lengths[d], max_new_tokens), decode))
-    if packed:
-        shapes = {d: (lengths[d].prompt + generated_tokens(lengths[d], max_new_tokens),
-                      generated_tokens(lengths[d], max_new_tokens) + 1) for d in live}
-    else:
-        shapes = dict.fromkeys(live, (prompt_block + decode, decode + 1))
+    by_row = {d: (lengths[d].prompt + generated_tokens(lengths[d], max_new_tokens),
+                  generated_tokens(lengths[d], max_new_tokens) + 1) for d in live}
+    padded = dict.fromkeys(live, (prompt_block + decode, decode + 1))
+    shapes = by_row if packed else padded
+    student_shapes = by_row if packed or student_packed else padded
 
-    def over_rows(fn: Any, config: Any, domains: Any = None) -> float:
-        return sum(fn(config if domains is None else domains[d], n, shapes[d][0], logits_positions=shapes[d][1])
+    def over_rows(fn: Any, config: Any, domains: Any = None, at: Any = None) -> float:
+        at = shapes if at is None else at
+        return sum(fn(config if domains is None else domains[d], n, at[d][0], logits_positions=at[d][1])
                    for d, n in live.items())
 
-    train = over_rows(flop_formulas.train_flops, student) * int(passes.get("updates", 1))
-    forward = over_rows(flop_formulas.forward_flops, student)
+    train = over_rows(flop_formulas.train_flops, student, at=student_shapes) * int(passes.get("updates", 1))
+    old_policy = over_rows(flop_formulas.forward_flops, student, at=student_shapes)
+    reference = over_rows(flop_formulas.forward_flops, student)
     teacher = over_rows(flop_formulas.forward_flops, None, teachers) if teachers else 0.0
-    return {"rollout": rollout, "train": train, "old_policy": forward if passes.get("old_policy") else 0.0,
-            "reference": forward if passes.get("reference") else 0.0, "teacher": float(teacher)}
+    return {"rollout": rollout, "train": train, "old_policy": old_policy if passes.get("old_policy") else 0.0,
+            "reference": reference if passes.get("reference") else 0.0, "teacher": float(teacher)}
 
 
 def method_passes(shape: RunShape) -> dict[str, Any]:
@@ -318,7 +323,7 @@ def estimate_run(cfg: Mapping[str, Any], job: Any, jobs: Mapping[str, Any], bloc
         teacher_names = {d: _display(rc["teachers"][d]["from"], jobs) for d in rows}
     shape = RunShape.of(rc)   # FLOPs do not depend on how many processes share the step
     per_step = step_flops(student, rows, lengths, max_new, teachers, method_passes(shape),
-                          packed=shape.microbatch_tokens is not None)
+                          packed=shape.microbatch_tokens is not None, student_packed=shape.packed_row_tokens is not None)
     steps = shape.steps
     batch = sum(rows.values())
     live = [d for d, n in rows.items() if n > 0]
@@ -402,6 +407,10 @@ def calibrate(plan: Any) -> dict[str, Any]:
         m = read_measured(job.out_dir)
         if not m:
             continue
+        if rc["train"].get("packed_row_tokens") is not None:
+            raise ValueError(f"run {job.id} trained with config key `train.packed_row_tokens`: its ledger's "
+                             "tokens.train counts packed rows, not the padded block calibration reads; calibrate "
+                             "from runs without it")
         rows = int(rc["train"]["prompts_per_step"]) * int(rc["method"]["group_size"])
         per_domain.setdefault(rc["train_domains"][0], []).append(measured_lengths(m["records"], rows))
     block: dict[str, Any] = {"per_domain": {}}

@@ -56,6 +56,7 @@ from opdgrpo.train.losses import aggregation_count
 from opdgrpo.train.microbatch import repack
 from opdgrpo.train.models import autocast, enable_activation_checkpointing, load_model, parameter_count
 from opdgrpo.train.objectives import Objective, Shard, build_objective, position_ids
+from opdgrpo.train.packed_rows import PackedRows, pack, packed_flops, packed_logits, warn_chunked, worth_packing
 from opdgrpo.train.peak import mfu_summary, run_peak
 from opdgrpo.train.precision import resolve as resolve_precision
 from opdgrpo.train.rollout import PromptFormat, sample_and_score
@@ -363,7 +364,11 @@ def _fixed_logprobs(run: Run, shards: list[Shard], stats: StepStats, guard: NonF
             attn, keep = shard.attention_mask, shard.new_tokens + 1
             one = _one_chunk(run, shard)
             if old_policy:   # the trained model as it sampled (DDP or FSDP too): the first update's own forward
-                if one:
+                packed = _packed(run, shard)
+                if packed is not None:
+                    logits = guard.check(packed_logits(run.model, packed), "student_logits", "old-policy logits")
+                    shard.old_logprobs = run.objective.logprobs(logits, shard.targets)
+                elif one:
                     logits = run.model(input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
                                        logits_to_keep=keep).logits[:, :-1]
                     logits = guard.check(logits, "student_logits", "old-policy logits")
@@ -425,7 +430,9 @@ def _train_minibatch(run: Run, step: int, shards: list[Shard], stats: StepStats,
         stats.flops["train"] += 2 * _student_flops(run, shard)                 # the backward
         stats.add_loss(loss, metrics)
         if first_pass:
-            stats.add_trained(shard, run.objective.scores_with_teachers)
+            packed = _packed(run, shard)
+            stats.add_trained(shard, run.objective.scores_with_teachers,
+                              None if packed is None else packed.rows * packed.length)
     stats.add_update(_update(run, step, where))                                 # clip and update
 
 
@@ -440,14 +447,39 @@ def _normalizer(run: Run, shards: list[Shard]) -> float | None:
 
 
 def _student_flops(run: Run, shard: Shard) -> float:
+    """FLOPs of one student forward over the shard as it runs: packed (train.packed_row_tokens) or padded."""
+    packed = _packed(run, shard)
+    if packed is not None:
+        return packed_flops(run.student.config, packed)
     return flop_formulas.forward_flops(run.student.config, *shard.sequences.shape, logits_positions=shard.new_tokens + 1)
+
+
+def _packed(run: Run, shard: Shard) -> PackedRows | None:
+    """The shard's rows laid end to end for the student's passes (computed at its first forward, then kept), or
+    None: ``train.packed_row_tokens`` unset, packing no cheaper than the padded forward, or response logits too large
+    for one ``train.logit_chunk_tokens`` chunk (then the padded, chunked path runs: :mod:`opdgrpo.train.packed_rows`)."""
+    budget = run.shape.packed_row_tokens
+    if budget is None:
+        return None
+    if not _one_chunk(run, shard):
+        warn_chunked(shard.sequences.shape[0] * shard.new_tokens, run.shape.logit_chunk_tokens)
+        return None
+    if shard.packed is None:
+        shard.packed = pack(shard.sequences, shard.attention_mask, shard.scored.rollouts.prompt_len, budget)
+    return shard.packed if worth_packing(run.student.config, shard.packed, tuple(shard.sequences.shape)) else None
 
 
 def _forward_and_loss(run: Run, shard: Shard, normalizer: float | None, guard: NonFiniteCheck,
                       stats: StepStats) -> tuple[torch.Tensor, dict[str, float]]:
     """The student's training forward over the shard's sequences and the objective's loss on its response logits."""
-    attn = shard.attention_mask
-    if _one_chunk(run, shard):   # the shard's logits fit in one chunk: the full logits, as before
+    attn, packed = shard.attention_mask, _packed(run, shard)
+    if packed is not None:   # rows laid end to end (train.packed_row_tokens), logits back in the shard's layout
+        with autocast(run.shape.precision, run.workers.device.type):
+            logits = packed_logits(run.model, packed)
+        stats.flops["train"] += _student_flops(run, shard)   # the forward; its backward is counted after it
+        logits = guard.check(logits, "student_logits")
+        loss, metrics = run.objective.loss(logits, shard, normalizer, guard.check, stats.flops, stats.teachers)
+    elif _one_chunk(run, shard):   # the shard's logits fit in one chunk: the full logits, as before
         with autocast(run.shape.precision, run.workers.device.type):
             logits = run.model(input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
                                logits_to_keep=shard.new_tokens + 1).logits[:, :-1]

@@ -30,6 +30,7 @@ from opdgrpo.train.inference import FrozenForward
 from opdgrpo.train.logit_chunks import Reduce
 from opdgrpo.train.losses import group_advantages, grpo_loss, reverse_kl_loss, student_topk, token_logprobs, topk_reverse_kl_per_token
 from opdgrpo.train.models import autocast
+from opdgrpo.train.packed_rows import PackedRows
 from opdgrpo.train.rollout import ScoredRollouts
 from opdgrpo.train.teacher_stats import TeacherTotals
 
@@ -54,6 +55,9 @@ class Shard:
     #: GRPO's per-row advantages, when the rows were repacked from the sampled shards that held their groups
     #: (train.max_tokens_per_microbatch, :mod:`opdgrpo.train.microbatch`); None: computed from this shard's own groups
     advantages: torch.Tensor | None = field(default=None, repr=False)
+    #: the rows laid end to end for the student's passes (train.packed_row_tokens, :mod:`opdgrpo.train.packed_rows`),
+    #: computed once, at the shard's first forward; None: not packed (yet)
+    packed: PackedRows | None = field(default=None, repr=False)
 
     @property
     def sequences(self) -> torch.Tensor:
