@@ -136,29 +136,8 @@ def with_engine_settings(cfg: dict[str, Any], path: tuple[str, ...], values: Map
 
 def canonical_names(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """A run config with each renamed key (:data:`opdgrpo.schema.RENAMED_KEYS`) spelt by its old name, in its place:
-    what a job's identity and a checkpoint's resume hash see, less each key added since results were made that holds
-    the value computing what runs computed before it (:data:`opdgrpo.schema.ADDED_KEYS`). ``cfg`` itself is left as
-    it is."""
-    return _without_inert_added(_respelt(cfg, to_old=True))
-
-
-def _without_inert_added(cfg: dict[str, Any]) -> dict[str, Any]:
-    """``cfg`` less every :data:`opdgrpo.schema.ADDED_KEYS` key at its inert value; copies only the mappings on the way."""
-    out = cfg
-    for dotted, inert in schema.ADDED_KEYS.items():
-        *path, name = dotted.split(".")
-        node: Any = out
-        for part in path:
-            node = node.get(part) if isinstance(node, Mapping) else None
-        if isinstance(node, Mapping) and name in node and node[name] == inert:
-            out = _dropped(out, path, name)
-    return out
-
-
-def _dropped(node: Mapping[str, Any], path: list[str], name: str) -> dict[str, Any]:
-    if not path:
-        return {k: v for k, v in node.items() if k != name}
-    return {**node, path[0]: _dropped(node[path[0]], path[1:], name)}
+    what a job's identity and a checkpoint's resume hash see. ``cfg`` itself is left as it is."""
+    return _respelt(cfg, to_old=True)
 
 
 def current_names(cfg: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,14 +27,6 @@ SCHEMAS = Path(__file__).parent / "schemas"
 #: error that names the new one, and a job's identity (what the rules hash and pass; the job reads it back by the new
 #: name) keeps the old name (:func:`opdgrpo.job_identity.canonical_names`): a rename is one line here. A
 #: ``methods.<m>`` key is also its runs' ``method`` key (:func:`run_config_key`).
-#: Keys added after results were made, each with the value at which a run computes what every run computed before
-#: the key existed. At that value a job's identity and a checkpoint's resume hash leave the key out
-#: (:func:`opdgrpo.job_identity.canonical_names`), so adding a key reruns no finished job and resumes every
-#: checkpoint; any other value is a change of result.
-ADDED_KEYS: dict[str, Any] = {
-    "train.packed_row_tokens": None,
-}
-
 RENAMED_KEYS: dict[str, tuple[str, str]] = {
     "methods.opd.top_k": ("kl_top_k", "the support of OPD's reverse KL; sampling's top_k is `train.eval.top_k`"),
 }
