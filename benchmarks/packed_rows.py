@@ -4,7 +4,7 @@ Each contender is our trainer (``opdgrpo.train.loop.train``, what the DAG runs) 
 same prompts, differing only in ``train.packed_row_tokens``; blocks of steps alternate between them (the machine is
 shared and noisy) and the first step of every block is a warm-up. Printed per run kind: the median step, its
 training phase (forward, loss, backward, update: what packing changes), the student positions the ledger counts,
-and the ratios padded / packed. Sampling and the teachers' forwards are the same work in both.
+and the ratios padded / packed. Sampling is the same work in both; OPD's teacher forwards pack too.
 
     python benchmarks/packed_rows.py [--world results/tiny/base] [--runs grpo:math grpo:math+code+ifeval+knowledge opd:math]
         [--budget 64] [--precision fp32|bf16|auto] [--rounds 3] [--steps 5]

@@ -135,9 +135,9 @@ def test_a_token_cap_trains_as_the_shards_with_fewer_padded_tokens(smoke_world, 
                                                 ("opd-teacher_m-math-s0", {})], ids=["grpo", "grpo-knobs", "opd"])
 def test_packed_rows_train_as_the_padded_shards_on_fewer_positions(smoke_world, tmp_path, rigged_rewards, run_id,
                                                                    method):
-    """``train.packed_row_tokens``: the student's passes (training, old policy) over rows laid end to end train what
-    the padded shards train (src/opdgrpo/train/packed_rows.py), the ledger counting fewer student positions; the
-    reference's and teachers' forwards stay padded, their FLOPs unchanged."""
+    """``train.packed_row_tokens``: the student's passes (training, old policy) and OPD's teachers' forwards over
+    rows laid end to end train what the padded shards train (src/opdgrpo/train/packed_rows.py), the ledger counting
+    fewer student positions and no more teacher positions; the reference's forward stays padded."""
     _, plan = smoke_world
     train(_config(plan, run_id, steps=2, method=method, micro_batches=2), tmp_path / "plain")
     train(_config(plan, run_id, steps=2, method=method, micro_batches=2, packed_row_tokens=32), tmp_path / "packed")
@@ -145,9 +145,8 @@ def test_packed_rows_train_as_the_padded_shards_on_fewer_positions(smoke_world, 
     plain, packed = (read_jsonl(tmp_path / n / "ledger.jsonl") for n in ("plain", "packed"))
     for a, b in zip(plain, packed):
         assert b["tokens"]["train"] < a["tokens"]["train"] and b["flops"]["train"] < a["flops"]["train"]
-        assert b["tokens"]["teacher"] == a["tokens"]["teacher"]
-        for component in ("teacher", "reference"):
-            assert b["flops"].get(component) == a["flops"].get(component)
+        assert b["tokens"]["teacher"] <= a["tokens"]["teacher"] and b["flops"]["teacher"] <= a["flops"]["teacher"]
+        assert b["flops"].get("reference") == a["flops"].get("reference")
 
 
 def test_a_row_over_the_cap_trains_alone(smoke_world, tmp_path, shapes, caplog):

@@ -119,3 +119,32 @@ def test_rows_of_one_length_are_not_worth_packing():
     seqs, attn, prompt_len = _shard([5] * 4, [5] * 4)
     layout = pack(seqs, attn, prompt_len, budget=20)
     assert (layout.rows, layout.length) == (2, 20) and not worth_packing(model.config, layout, tuple(seqs.shape))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_teachers_packed_forward_reduces_what_its_padded_forward_reduces(precision):
+    """OPD's teacher forward (FrozenForward: the lean bfloat16 path, or the model's own forward in float32) over
+    packed rows reduces the same per-position values as over the padded rows: within float32 reordering, and within
+    bfloat16 rounding of the logits under bf16 (the packed multiplies have other shapes)."""
+    from opdgrpo.train.inference import FrozenForward
+    from opdgrpo.train.models import autocast
+
+    model = _model().eval()
+    seqs, attn, prompt_len = _shard([4, 7, 5, 7, 3, 6], [2, 9, 1, 4, 9, 3])
+    keep = seqs.shape[1] - prompt_len + 1
+    ids = torch.randint(0, 97, (seqs.shape[0], keep - 1, 3))
+
+    def reduce(logits, top):
+        return (logits.float().gather(-1, top),)
+
+    forward = FrozenForward(model)
+    with torch.no_grad(), autocast(precision, "cpu"):
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        (padded,) = forward.reduced(seqs, attn, pos, keep, reduce, (ids,), 4096)
+        (packed,) = forward.reduced_packed(pack(seqs, attn, prompt_len, 24), reduce, (ids,), 4096)
+        (chunked,) = forward.reduced_packed(pack(seqs, attn, prompt_len, 24), reduce, (ids,), 7)
+    mask = attn[:, prompt_len:].bool()
+    tol = {"fp32": 1e-5, "bf16": 5e-2}[precision]
+    torch.testing.assert_close(packed[mask], padded[mask], rtol=tol, atol=tol)
+    torch.testing.assert_close(chunked[mask], packed[mask], rtol=tol, atol=tol)
+    assert forward.path is not None

@@ -213,9 +213,9 @@ def step_flops(student: Any, rows: Mapping[str, int], lengths: Mapping[str, Leng
     teacher forwards) run over rows repacked by length, so each domain's rows are counted at their mean prompt and
     generated lengths instead of the step's padded block; the padding left inside a packed micro-batch, and the
     spread of lengths around the mean (attention grows with the square of a row's length), are not counted.
-    ``student_packed`` (``train.packed_row_tokens`` set): the student's training and old-policy passes alone are
-    counted that way (rows laid end to end), the reference's and teachers' forwards at the padded block; a packed
-    row's attention over its other rows and the packed rows' unused tails are not counted.
+    ``student_packed`` (``train.packed_row_tokens`` set): the student's training and old-policy passes and the
+    teachers' forwards are counted that way (rows laid end to end), the reference's forward at the padded block; a
+    packed row's attention over its other rows and the packed rows' unused tails are not counted.
     """
     passes = passes or {}
     live = {d: n for d, n in rows.items() if n > 0}
@@ -241,7 +241,7 @@ def step_flops(student: Any, rows: Mapping[str, int], lengths: Mapping[str, Leng
     train = over_rows(flop_formulas.train_flops, student, at=student_shapes) * int(passes.get("updates", 1))
     old_policy = over_rows(flop_formulas.forward_flops, student, at=student_shapes)
     reference = over_rows(flop_formulas.forward_flops, student)
-    teacher = over_rows(flop_formulas.forward_flops, None, teachers) if teachers else 0.0
+    teacher = over_rows(flop_formulas.forward_flops, None, teachers, at=student_shapes) if teachers else 0.0
     return {"rollout": rollout, "train": train, "old_policy": old_policy if passes.get("old_policy") else 0.0,
             "reference": reference if passes.get("reference") else 0.0, "teacher": float(teacher)}
 

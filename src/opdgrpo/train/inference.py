@@ -41,6 +41,7 @@ from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb, eager
 
 from opdgrpo.train import numerics
 from opdgrpo.train.logit_chunks import Reduce, reduce_response, reducing_head
+from opdgrpo.train.packed_rows import PackedRows, segment_mask
 
 #: The attention implementation name :func:`fast_attention` switches a model to while it runs without gradients.
 NAME = "opdgrpo_eager"
@@ -278,6 +279,32 @@ class FrozenForward:
                              logits_to_keep=logits_to_keep).logits
         if self.sharded:
             self.model.reshard()   # FSDP2 keeps the root unit (embedding, LM head) gathered after a forward
+        return out
+
+    def reduced_packed(self, packed: PackedRows, reduce: Reduce, extras: Sequence[torch.Tensor],
+                       chunk: int) -> tuple[torch.Tensor, ...]:
+        """:meth:`reduced` over rows laid end to end (:mod:`opdgrpo.train.packed_rows`): the decoder on the packed
+        rows, the LM head on each row's response positions gathered back into its ``(rows, response)`` layout (plus
+        one position per row that the reduction drops, as :meth:`reduced` keeps ``response + 1``)."""
+        index = torch.cat([packed.logit_index, packed.logit_index[:, :1]], dim=1)
+
+        def run(hidden: torch.Tensor, head) -> tuple[torch.Tensor, ...]:
+            picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index.reshape(-1))
+            return reduce_response(picked.reshape(*index.shape, -1), head, reduce, extras, chunk)
+
+        if self.path is None:
+            self.path = choose_path(self.model)
+            self.lean = LeanQwen3(self.model) if self.path == LEAN else None
+        if self.lean is not None:
+            allowed = segment_mask(packed.position_ids)
+            mask = torch.where(allowed, torch.zeros((), device=allowed.device, dtype=torch.float32),
+                               torch.finfo(torch.float32).min)
+            return run(self.lean.hidden_states(packed.input_ids, packed.position_ids, mask, cache=False), self.lean.head)
+        with fast_attention(self.model) if self.path == FAST else contextlib.nullcontext(), reducing_head(self.model, run):
+            out = self.model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
+                             use_cache=False, logits_to_keep=0).logits
+        if self.sharded:
+            self.model.reshard()
         return out
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,

@@ -668,7 +668,7 @@ def _setup(cfg: dict[str, Any], run_dir: Path, workers: Workers) -> Run:
         enable_activation_checkpointing(student)
     objective = build_objective(cfg["method"], _teachers(cfg, workers, attention, shared["teacher_dtype"]),
                                 shape.precision, temperature=shape.rollout.temperature,
-                                chunk_tokens=shape.logit_chunk_tokens)
+                                chunk_tokens=shape.logit_chunk_tokens, pack_tokens=shape.packed_row_tokens)
     if state is None:
         _clear_stale(run_dir, workers)
     method = cfg["method"]

@@ -30,7 +30,7 @@ from opdgrpo.train.inference import FrozenForward
 from opdgrpo.train.logit_chunks import Reduce
 from opdgrpo.train.losses import group_advantages, grpo_loss, reverse_kl_loss, student_topk, token_logprobs, topk_reverse_kl_per_token
 from opdgrpo.train.models import autocast
-from opdgrpo.train.packed_rows import PackedRows
+from opdgrpo.train.packed_rows import PackedRows, pack, packed_flops, worth_packing
 from opdgrpo.train.rollout import ScoredRollouts
 from opdgrpo.train.teacher_stats import TeacherTotals
 
@@ -58,6 +58,8 @@ class Shard:
     #: the rows laid end to end for the student's passes (train.packed_row_tokens, :mod:`opdgrpo.train.packed_rows`),
     #: computed once, at the shard's first forward; None: not packed (yet)
     packed: PackedRows | None = field(default=None, repr=False)
+    #: the positions OPD's teachers' forwards computed over the shard (padded, or packed rows), set by the objective
+    teacher_positions: int | None = field(default=None, repr=False)
 
     @property
     def sequences(self) -> torch.Tensor:
@@ -190,8 +192,9 @@ class OPDObjective:
     name, scores_with_teachers, needs_rewards = "opd", True, False
 
     def __init__(self, method: dict[str, Any], teachers: dict[str, torch.nn.Module], precision: str,
-                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS, temperature: float = 1.0):
+                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS, temperature: float = 1.0, pack_tokens: int | None = None):
         self.temperature = float(temperature)   # the rollouts': the engine comparison's log-probs only
+        self.pack_tokens = pack_tokens          # train.packed_row_tokens: teachers' forwards over packed rows
         if method.get("engine_is_cap") is not None:   # a job config written by hand: compose refuses it too
             raise ValueError("config key `method.engine_is_cap` does nothing under OPD (docs/method.md, 'Off-policy "
                              "correction'); remove it")
@@ -236,6 +239,7 @@ class OPDObjective:
         never read)."""
         out_all = torch.empty(top_ids.shape, dtype=torch.float32, device=top_ids.device)
         seqs, attn, keep = shard.sequences, shard.attention_mask, shard.new_tokens + 1
+        shard.teacher_positions = 0
         with torch.no_grad(), autocast(self.precision, top_ids.device.type):
             for domain, teacher in self.teachers.items():
                 forward = self.forwards[id(teacher)]
@@ -255,12 +259,28 @@ class OPDObjective:
                 def reduce(logits: torch.Tensor, ids: torch.Tensor, label: str = label) -> tuple[torch.Tensor]:
                     return (check(logits[..., :vocab], "teacher_logits", label).gather(-1, ids),)
 
-                # bit for bit the teacher's own eager forward, fewer copies and casts (opdgrpo.train.inference)
-                (picked,) = forward.reduced(seqs[rows], attn[rows], position_ids(attn[rows]), keep, reduce,
-                                            (top_ids[rows],), self.chunk_tokens)
-                flops["teacher"] += flop_formulas.forward_flops(teacher.config, len(rows), seqs.shape[1], logits_positions=keep)
+                packed = self._packed(teacher, seqs[rows], attn[rows], shard.scored.rollouts.prompt_len)
+                if packed is not None:   # rows laid end to end (train.packed_row_tokens), where that costs less
+                    (picked,) = forward.reduced_packed(packed, reduce, (top_ids[rows],), self.chunk_tokens)
+                    flops["teacher"] += packed_flops(teacher.config, packed, head_positions=len(rows) * keep)
+                    shard.teacher_positions += packed.rows * packed.length
+                else:   # bit for bit the teacher's own eager forward, fewer copies and casts (opdgrpo.train.inference)
+                    (picked,) = forward.reduced(seqs[rows], attn[rows], position_ids(attn[rows]), keep, reduce,
+                                                (top_ids[rows],), self.chunk_tokens)
+                    flops["teacher"] += flop_formulas.forward_flops(teacher.config, len(rows), seqs.shape[1],
+                                                                    logits_positions=keep)
+                    shard.teacher_positions += len(rows) * seqs.shape[1]
                 out_all[rows] = picked.float()
         return out_all
+
+    def _packed(self, teacher: torch.nn.Module, seqs: torch.Tensor, attn: torch.Tensor,
+                prompt_len: int) -> PackedRows | None:
+        """A domain's rows laid end to end for its teacher's forward, where ``train.packed_row_tokens`` is set and
+        that computes fewer of the teacher's FLOPs than the padded rows; else None."""
+        if self.pack_tokens is None:
+            return None
+        packed = pack(seqs, attn, prompt_len, self.pack_tokens)
+        return packed if worth_packing(teacher.config, packed, tuple(seqs.shape)) else None
 
     def loss(self, logits: torch.Tensor, shard: Shard, normalizer: float | None, check: Check,
              flops: dict[str, float], teachers: TeacherTotals | None = None) -> tuple[torch.Tensor, dict[str, float]]:
@@ -315,9 +335,11 @@ def _first_logit(logits: torch.Tensor) -> tuple[torch.Tensor]:
 
 
 def build_objective(method: dict[str, Any], teachers: dict[str, torch.nn.Module], precision: str,
-                    temperature: float = 1.0, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Objective:
+                    temperature: float = 1.0, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                    pack_tokens: int | None = None) -> Objective:
     """The run's objective; ``temperature`` is the rollouts' (``train.temperature``), which GRPO's log-probs use;
-    ``chunk_tokens`` (``train.logit_chunk_tokens``) the positions whose teacher logits exist at once."""
+    ``chunk_tokens`` (``train.logit_chunk_tokens``) the positions whose teacher logits exist at once;
+    ``pack_tokens`` (``train.packed_row_tokens``) the packed rows of OPD's teachers' forwards (None: padded)."""
     if method["name"] == "grpo":
         return GRPOObjective(method, temperature)
-    return OPDObjective(method, teachers, precision, chunk_tokens, temperature)
+    return OPDObjective(method, teachers, precision, chunk_tokens, temperature, pack_tokens)

@@ -18,9 +18,11 @@ What packing costs instead: a packed row's attention covers the whole row (its m
 eager attention still multiplies), so a small budget wins (attention grows with the packed row's length, the linear
 layers with its tokens), and the last packed row is padded to the longest. A micro-batch packs only where its packed
 forward computes fewer FLOPs than its padded one (:func:`worth_packing`); the ledger counts the forward that ran
-(:func:`packed_flops`). Only the student's passes pack (its training forward and backward and the old-policy
-forward); the reference's and the teachers' forwards stay padded. A micro-batch whose response logits exceed
-``train.logit_chunk_tokens`` runs padded and chunked, as before (warned once per process).
+(:func:`packed_flops`). The student's passes pack (its training forward and backward and the old-policy forward),
+and so do OPD's teachers' forwards, each over its own domain's rows (:meth:`opdgrpo.train.inference.FrozenForward.
+reduced_packed`, decided per teacher by its own FLOPs); GRPO's reference forward stays padded. A micro-batch whose
+response logits exceed ``train.logit_chunk_tokens`` runs the student padded and chunked, as before (warned once per
+process); a teacher's head is chunked either way.
 """
 
 from __future__ import annotations
@@ -147,8 +149,18 @@ def _output_head(model: torch.nn.Module) -> torch.nn.Module:
     return inner.get_output_embeddings()
 
 
-def packed_flops(config: Any, packed: PackedRows) -> float:
+def packed_flops(config: Any, packed: PackedRows, head_positions: int | None = None) -> float:
     """FLOPs of the packed forward that ran: every packed position through the layers, the LM head over the
-    response positions."""
+    response positions (``head_positions``: over that many instead)."""
     body = flop_formulas.forward_flops(config, packed.rows, packed.length, logits_positions=0)
-    return body + flop_formulas.forward_flops(config, 1, 0, logits_positions=int(packed.logit_index.numel()))
+    head = int(packed.logit_index.numel()) if head_positions is None else int(head_positions)
+    return body + flop_formulas.forward_flops(config, 1, 0, logits_positions=head)
+
+
+def segment_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """``(rows, 1, length, length)`` bool: where a packed position may attend, causal and within its own row (a row
+    begins where its position restarts at 0; each unused tail position is a row of its own)."""
+    segment = (position_ids == 0).cumsum(-1)
+    length = position_ids.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=position_ids.device).tril()
+    return (causal[None] & (segment[:, :, None] == segment[:, None, :]))[:, None]

@@ -92,10 +92,12 @@ class StepStats:
     def add_trained(self, shard: Shard, teachers: bool, student_positions: int | None = None) -> None:
         """A training micro-batch's tokens as the student's (and teachers') forwards computed them (once per step,
         however many updates it takes part in): the padded tensor's, or ``student_positions`` where the student's
-        passes ran over packed rows (train.packed_row_tokens; the teachers' forwards stay padded)."""
+        passes ran over packed rows (train.packed_row_tokens); the teachers' as their forwards counted them
+        (:attr:`Shard.teacher_positions`: padded, or packed per teacher)."""
         batch, length = shard.sequences.shape[0], shard.sequences.shape[1]
         self.tokens["train"] += batch * length if student_positions is None else student_positions
-        self.tokens["teacher"] += batch * length if teachers else 0
+        if teachers:
+            self.tokens["teacher"] += batch * length if shard.teacher_positions is None else shard.teacher_positions
         if self.teachers is not None:   # response tokens routed to each teacher
             self.teachers.add_tokens(shard.tasks, shard.mask)
 
