@@ -67,14 +67,19 @@ def test_opd_run_prediction_equals_a_hand_computation(tmp_path):
     assert est.student == "student" and est.teachers == {"math": "teacher_m"}
 
 
+def _opd_estimate(tmp_path, override: str):
+    """Smoke's OPD math run estimated under ``override`` with prompts of 9 (padded 11) and responses of 6 (padded 12)
+    tokens: (config, estimate, student and teacher architectures, rows per step, steps)."""
+    block = {"prompt_tokens": 9, "padded_prompt_tokens": 11, "response_tokens": 6, "padded_response_tokens": 12}
+    cfg, plan = smoke(tmp_path, override, cost_model=block)
+    est = cost.estimate_run(cfg, plan.jobs["opd-teacher_m-math-s0"], plan.jobs)
+    return cfg, est, qwen3(cfg, "student"), qwen3(cfg, "teacher_m"), 16, cfg["methods"]["opd"]["steps"]
+
+
 def test_packed_training_passes_are_counted_at_the_mean_lengths(tmp_path):
     """Under train.max_tokens_per_microbatch rows are repacked by length: the passes count each row at its mean
     prompt + generated tokens (9 + 7) instead of the padded block (11 + 12); rollouts still decode the block."""
-    block = {"prompt_tokens": 9, "padded_prompt_tokens": 11, "response_tokens": 6, "padded_response_tokens": 12}
-    cfg, plan = smoke(tmp_path, "+train.max_tokens_per_microbatch=64", cost_model=block)
-    est = cost.estimate_run(cfg, plan.jobs["opd-teacher_m-math-s0"], plan.jobs)
-    s, t = qwen3(cfg, "student"), qwen3(cfg, "teacher_m")
-    b, steps = 16, cfg["methods"]["opd"]["steps"]
+    cfg, est, s, t, b, steps = _opd_estimate(tmp_path, "+train.max_tokens_per_microbatch=64")
     assert est.flops["rollout"] == pytest.approx(steps * F.generate_flops(s, b, 11, 7), rel=1e-12)
     assert est.flops["train"] == pytest.approx(steps * F.train_flops(s, b, 16, logits_positions=8), rel=1e-12)
     assert est.flops["teacher"] == pytest.approx(steps * F.forward_flops(t, b, 16, logits_positions=8), rel=1e-12)
@@ -84,11 +89,7 @@ def test_packed_rows_count_the_students_and_teachers_passes_at_the_mean_lengths(
     """Under train.packed_row_tokens the student's passes (training, old policy) and the teachers' forwards run over
     rows laid end to end: they count each row at its mean lengths (9 + 7); the reference's forward keeps the padded
     block (11 + 12), as the trainer runs it."""
-    block = {"prompt_tokens": 9, "padded_prompt_tokens": 11, "response_tokens": 6, "padded_response_tokens": 12}
-    cfg, plan = smoke(tmp_path, "train.packed_row_tokens=64", cost_model=block)
-    est = cost.estimate_run(cfg, plan.jobs["opd-teacher_m-math-s0"], plan.jobs)
-    s, t = qwen3(cfg, "student"), qwen3(cfg, "teacher_m")
-    b, steps = 16, cfg["methods"]["opd"]["steps"]
+    cfg, est, s, t, b, steps = _opd_estimate(tmp_path, "train.packed_row_tokens=64")
     assert est.flops["rollout"] == pytest.approx(steps * F.generate_flops(s, b, 11, 7), rel=1e-12)
     assert est.flops["train"] == pytest.approx(steps * F.train_flops(s, b, 16, logits_positions=8), rel=1e-12)
     assert est.flops["teacher"] == pytest.approx(steps * F.forward_flops(t, b, 16, logits_positions=8), rel=1e-12)

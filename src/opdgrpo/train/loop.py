@@ -364,9 +364,8 @@ def _fixed_logprobs(run: Run, shards: list[Shard], stats: StepStats, guard: NonF
             attn, keep = shard.attention_mask, shard.new_tokens + 1
             one = _one_chunk(run, shard)
             if old_policy:   # the trained model as it sampled (DDP or FSDP too): the first update's own forward
-                packed = _packed(run, shard)
-                if packed is not None:
-                    logits = guard.check(packed_logits(run.model, packed), "student_logits", "old-policy logits")
+                if shard.packed is not None:
+                    logits = guard.check(packed_logits(run.model, shard.packed), "student_logits", "old-policy logits")
                     shard.old_logprobs = run.objective.logprobs(logits, shard.targets)
                 elif one:
                     logits = run.model(input_ids=shard.sequences, attention_mask=attn, position_ids=position_ids(attn),
@@ -403,16 +402,20 @@ def _minibatches(run: Run, shards: list[Shard]) -> list[list[Shard]]:
     """This process's training micro-batches by mini-batch: the step's shards cut into ``method.minibatches``
     consecutive groups (``RunShape.of`` makes every group hold the same number of shards of every process); with
     ``train.max_tokens_per_microbatch`` each group's rows repacked by length within it (:mod:`opdgrpo.train.microbatch`),
-    as many micro-batches on every process."""
+    as many micro-batches on every process; with ``train.packed_row_tokens`` each micro-batch's layout for the
+    student's passes decided once (:func:`_student_layout`)."""
     per_minibatch = run.shape.shards // run.shape.minibatches
     groups: list[list[Shard]] = [[] for _ in range(run.shape.minibatches)]
     for index, shard in zip(run.shape.mine(run.workers.rank), shards):
         groups[index // per_minibatch].append(shard)
     cap = run.shape.microbatch_tokens
-    if cap is None:
-        return groups
-    return [repack(group, cap, run.workers.max, int(run.tokenizer.pad_token_id), run.objective.advantages)
-            for group in groups]
+    if cap is not None:
+        groups = [repack(group, cap, run.workers.max, int(run.tokenizer.pad_token_id), run.objective.advantages)
+                  for group in groups]
+    if run.shape.packed_row_tokens is not None:
+        for shard in (s for group in groups for s in group):
+            shard.packed = _student_layout(run, shard, run.shape.packed_row_tokens)
+    return groups
 
 
 def _train_minibatch(run: Run, step: int, shards: list[Shard], stats: StepStats, where: str, first_pass: bool) -> None:
@@ -430,7 +433,7 @@ def _train_minibatch(run: Run, step: int, shards: list[Shard], stats: StepStats,
         stats.flops["train"] += 2 * _student_flops(run, shard)                 # the backward
         stats.add_loss(loss, metrics)
         if first_pass:
-            packed = _packed(run, shard)
+            packed = shard.packed
             stats.add_trained(shard, run.objective.scores_with_teachers,
                               None if packed is None else packed.rows * packed.length)
     stats.add_update(_update(run, step, where))                                 # clip and update
@@ -448,31 +451,26 @@ def _normalizer(run: Run, shards: list[Shard]) -> float | None:
 
 def _student_flops(run: Run, shard: Shard) -> float:
     """FLOPs of one student forward over the shard as it runs: packed (train.packed_row_tokens) or padded."""
-    packed = _packed(run, shard)
-    if packed is not None:
-        return packed_flops(run.student.config, packed)
+    if shard.packed is not None:
+        return packed_flops(run.student.config, shard.packed)
     return flop_formulas.forward_flops(run.student.config, *shard.sequences.shape, logits_positions=shard.new_tokens + 1)
 
 
-def _packed(run: Run, shard: Shard) -> PackedRows | None:
-    """The shard's rows laid end to end for the student's passes (computed at its first forward, then kept), or
-    None: ``train.packed_row_tokens`` unset, packing no cheaper than the padded forward, or response logits too large
-    for one ``train.logit_chunk_tokens`` chunk (then the padded, chunked path runs: :mod:`opdgrpo.train.packed_rows`)."""
-    budget = run.shape.packed_row_tokens
-    if budget is None:
-        return None
+def _student_layout(run: Run, shard: Shard, budget: int) -> PackedRows | None:
+    """The micro-batch's rows laid end to end under ``budget`` tokens per packed row for the student's passes, or
+    None (padded): packing no cheaper than the padded forward, or response logits too large for one
+    ``train.logit_chunk_tokens`` chunk (then the padded, chunked path runs: :mod:`opdgrpo.train.packed_rows`)."""
     if not _one_chunk(run, shard):
         warn_chunked(shard.sequences.shape[0] * shard.new_tokens, run.shape.logit_chunk_tokens)
         return None
-    if shard.packed is None:
-        shard.packed = pack(shard.sequences, shard.attention_mask, shard.scored.rollouts.prompt_len, budget)
-    return shard.packed if worth_packing(run.student.config, shard.packed, tuple(shard.sequences.shape)) else None
+    packed = pack(shard.sequences, shard.attention_mask, shard.scored.rollouts.prompt_len, budget)
+    return packed if worth_packing(run.student.config, packed, tuple(shard.sequences.shape)) else None
 
 
 def _forward_and_loss(run: Run, shard: Shard, normalizer: float | None, guard: NonFiniteCheck,
                       stats: StepStats) -> tuple[torch.Tensor, dict[str, float]]:
     """The student's training forward over the shard's sequences and the objective's loss on its response logits."""
-    attn, packed = shard.attention_mask, _packed(run, shard)
+    attn, packed = shard.attention_mask, shard.packed
     if packed is not None:   # rows laid end to end (train.packed_row_tokens), logits back in the shard's layout
         with autocast(run.shape.precision, run.workers.device.type):
             logits = packed_logits(run.model, packed)

@@ -333,8 +333,6 @@ def topk_reverse_kl_from_topk(
     student's top-k ids, any float dtype), so neither model's full-vocabulary logits need to exist at once.
     ``weights``: ``(B, T)`` constants multiplying each token's KL (the sampling engine's truncated importance weights,
     ``method.engine_is_cap``); None: 1."""
-    _check_aggregation(aggregation)
-    _check_mask(mask, s_top.shape[:2], "s_top[:2]")
     return reverse_kl_loss(topk_reverse_kl_per_token(s_top, t_top), s_top, student_lse, mask, aggregation,
                            normalizer, weights)
 

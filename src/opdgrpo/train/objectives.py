@@ -56,7 +56,7 @@ class Shard:
     #: (train.max_tokens_per_microbatch, :mod:`opdgrpo.train.microbatch`); None: computed from this shard's own groups
     advantages: torch.Tensor | None = field(default=None, repr=False)
     #: the rows laid end to end for the student's passes (train.packed_row_tokens, :mod:`opdgrpo.train.packed_rows`),
-    #: computed once, at the shard's first forward; None: not packed (yet)
+    #: decided once per micro-batch before its first forward; None: padded
     packed: PackedRows | None = field(default=None, repr=False)
     #: the positions OPD's teachers' forwards computed over the shard (padded, or packed rows), set by the objective
     teacher_positions: int | None = field(default=None, repr=False)
